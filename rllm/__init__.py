@@ -1,0 +1,33 @@
+"""rllm: reinforcement learning for LLM agents, over the agent frameworks you already use.
+
+The public surface, in one place (a test pins it):
+
+    @rllm.rollout                        turn an agent function into Episodes
+    rllm.Task / Step / Trajectory / Episode / TrajectoryGroup
+    rllm.agent_scope, bind_context, submit    attribute calls to agents; carry the episode into threads
+"""
+
+from rllm_core.context import agent_scope, bind_context, current_episode, submit
+from rllm_core.errors import RLLMError
+from rllm_core.rollout import Rollout, RolloutConfig, rollout
+from rllm_core.types import Episode, Step, Task, Trajectory, TrajectoryGroup, group_trajectories
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "Episode",
+    "RLLMError",
+    "Rollout",
+    "RolloutConfig",
+    "Step",
+    "Task",
+    "Trajectory",
+    "TrajectoryGroup",
+    "__version__",
+    "agent_scope",
+    "bind_context",
+    "current_episode",
+    "group_trajectories",
+    "rollout",
+    "submit",
+]

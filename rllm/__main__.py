@@ -1,0 +1,6 @@
+"""`python -m rllm` and the `rllm` console script."""
+
+from rllm_core.cli import main
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""rllm's small core: types, plugins, capture, gateway, rollout engine, algorithms, benchmarks, CLI."""

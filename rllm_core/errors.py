@@ -1,0 +1,50 @@
+"""One exception root for rllm; every error says what was wrong and what to do.
+
+    RLLMError
+    ├── ConfigError          bad options, files or arguments given by the user
+    ├── PluginError          a plugin could not be loaded or registered
+    ├── CaptureError         a recorded LLM call could not be understood
+    ├── UpstreamError        the model endpoint failed (unreachable, timed out, refused the request)
+    ├── BenchmarkError       unknown benchmark, missing data file, unexpected fields
+    └── TrainingError        a training step cannot go on (no trainable rows, NaN loss, out of memory)
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "RLLMError",
+    "ConfigError",
+    "PluginError",
+    "CaptureError",
+    "UpstreamError",
+    "BenchmarkError",
+    "TrainingError",
+]
+
+
+class RLLMError(Exception):
+    """Root of every error rllm raises on purpose."""
+
+
+class ConfigError(RLLMError):
+    """Bad options, files or arguments given by the user."""
+
+
+class PluginError(RLLMError):
+    """A plugin could not be loaded or registered."""
+
+
+class CaptureError(RLLMError):
+    """A recorded LLM call could not be understood."""
+
+
+class UpstreamError(RLLMError):
+    """The model endpoint failed: unreachable, timed out, or refused the request."""
+
+
+class BenchmarkError(RLLMError):
+    """Unknown benchmark, missing data file, or unexpected fields."""
+
+
+class TrainingError(RLLMError):
+    """A training step cannot go on."""

@@ -1,0 +1,159 @@
+"""The plugin manager: loads entry points of group ``rllm`` (built-ins included) and reports what it loaded.
+
+A plugin that fails to import is recorded with its error and skipped, so one broken third-party package
+never takes the CLI down; `rllm plugins` shows it.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from importlib.metadata import entry_points
+from typing import Any
+
+import pluggy
+
+from rllm_core.errors import PluginError
+from rllm_core.hookspecs import PROJECT, RLLMHookSpec
+
+__all__ = [
+    "AdapterSpec",
+    "BackendSpec",
+    "PluginInfo",
+    "PluginManager",
+    "get_plugin_manager",
+    "reset_plugin_manager",
+]
+
+log = logging.getLogger("rllm.plugins")
+
+_KIND_BY_HOOK = {
+    "rllm_register_adapters": "adapter",
+    "rllm_register_backends": "backend",
+    "rllm_register_benchmarks": "benchmark",
+    "rllm_register_commands": "command",
+    "rllm_on_llm_call": "events",
+    "rllm_on_episode_end": "events",
+}
+
+
+@dataclass(frozen=True)
+class AdapterSpec:
+    """An agent-framework adapter: where it lives, which extra installs it, which versions were tested."""
+
+    name: str
+    module: str
+    framework: str
+    extra: str | None = None
+    tested_versions: str | None = None
+    description: str = ""
+
+
+@dataclass(frozen=True)
+class BackendSpec:
+    """A training backend: `factory(config)` returns an object implementing the Backend protocol."""
+
+    name: str
+    factory: Callable[..., Any]
+    description: str = ""
+    requires: str | None = None
+
+
+@dataclass
+class PluginInfo:
+    name: str
+    kinds: list[str] = field(default_factory=list)
+    version: str | None = None
+    source: str = ""
+    error: str | None = None
+
+    @property
+    def kind(self) -> str:
+        return ",".join(self.kinds) if self.kinds else "-"
+
+
+class PluginManager:
+    """pluggy's manager plus the bookkeeping `rllm plugins` shows."""
+
+    def __init__(self, load_entry_points: bool = True) -> None:
+        self.pm = pluggy.PluginManager(PROJECT)
+        self.pm.add_hookspecs(RLLMHookSpec)
+        self.infos: list[PluginInfo] = []
+        if load_entry_points:
+            self.load_entry_points()
+
+    @property
+    def hook(self) -> Any:
+        return self.pm.hook
+
+    def load_entry_points(self) -> None:
+        for ep in sorted(entry_points(group=PROJECT), key=lambda e: e.name):
+            version = ep.dist.version if ep.dist is not None else None
+            if self.pm.has_plugin(ep.name):
+                continue
+            try:
+                plugin = ep.load()
+            except Exception as exc:  # a broken plugin is reported, never fatal
+                log.warning("rllm plugin %r failed to load: %s", ep.name, exc)
+                self.infos.append(
+                    PluginInfo(ep.name, version=version, source=ep.value, error=f"{type(exc).__name__}: {exc}")
+                )
+                continue
+            self.register(plugin, name=ep.name, version=version, source=ep.value)
+
+    def register(self, plugin: Any, name: str, version: str | None = None, source: str = "") -> None:
+        """Register `plugin` (module or object with hookimpls); checked against the specs right here."""
+        try:
+            self.pm.register(plugin, name=name)
+            self.pm.check_pending()
+        except (ValueError, pluggy.PluginValidationError) as exc:
+            if self.pm.has_plugin(name):
+                self.pm.unregister(name=name)
+            raise PluginError(f"plugin {name!r} does not match rllm's hook specs: {exc}") from exc
+        kinds = sorted({_KIND_BY_HOOK[h.name] for h in self.pm.get_hookcallers(plugin) or []})
+        self.infos.append(PluginInfo(name, kinds=kinds, version=version, source=source))
+
+    def emit(self, hook_name: str, **kwargs: Any) -> None:
+        """Call an event hook on every plugin; one plugin's exception is logged, never raised into a run."""
+        for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+            try:
+                impl.function(**kwargs)
+            except Exception:
+                log.exception("rllm plugin %r failed in %s", impl.plugin_name, hook_name)
+
+    def _collect(self, hook_name: str) -> list[Any]:
+        out: list[Any] = []
+        for result in getattr(self.pm.hook, hook_name)():
+            out.extend(result or [])
+        return out
+
+    def adapters(self) -> list[AdapterSpec]:
+        return self._collect("rllm_register_adapters")
+
+    def backends(self) -> dict[str, BackendSpec]:
+        return {b.name: b for b in self._collect("rllm_register_backends")}
+
+    def benchmarks(self) -> list[Any]:
+        return self._collect("rllm_register_benchmarks")
+
+
+_manager: PluginManager | None = None
+_lock = threading.Lock()
+
+
+def get_plugin_manager() -> PluginManager:
+    """The process-wide plugin manager, loaded on first use."""
+    global _manager
+    with _lock:
+        if _manager is None:
+            _manager = PluginManager()
+        return _manager
+
+
+def reset_plugin_manager() -> None:
+    """Forget the loaded plugins (tests, or after installing a plugin in the same process)."""
+    global _manager
+    with _lock:
+        _manager = None

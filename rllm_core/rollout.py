@@ -1,0 +1,222 @@
+"""`@rllm.rollout`: turn any agent function into something that produces an Episode.
+
+The function gets `(task, config)`; `config.base_url` is this episode's session URL on an in-process gateway
+in front of the real upstream, so every LLM call made through it is recorded with the server's own token
+ids. Calls made through any other httpx / httpx2 client in the same process are recorded by in-process
+capture. The function may be sync, async, return an awaitable, or be an async generator; its return value
+is coerced into the Episode (Episode, Trajectory, dict of artifacts, str answer, or None).
+
+An exception inside the function never escapes `run` / `arun`: the Episode ends with
+`termination_reason="error"` and the traceback text, and keeps the steps recorded before the failure.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import functools
+import inspect
+import time
+import traceback
+import uuid
+from collections.abc import Callable
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rllm_core.context import EpisodeContext, episode_scope
+from rllm_core.errors import ConfigError
+from rllm_core.types import Episode, Step, Task, Trajectory
+
+__all__ = ["RolloutConfig", "Rollout", "rollout", "build_episode", "as_rollout"]
+
+
+class RolloutConfig(BaseModel):
+    """What a rollout function is handed: where to send its LLM calls and with which model name."""
+
+    model_config = ConfigDict(extra="allow")
+
+    base_url: str
+    """This episode's session URL on the gateway (OpenAI-compatible, ends in /v1)."""
+    model: str
+    session_id: str
+    api_key: str = "EMPTY"
+    upstream_url: str | None = None
+    sampling: dict[str, Any] = Field(default_factory=dict)
+    """Default sampling parameters the engine wants (temperature, max_tokens, ...)."""
+
+
+class Rollout:
+    """A decorated agent function. Call `run` / `arun` to get an Episode; call it directly to just run it."""
+
+    def __init__(self, fn: Callable[..., Any], name: str | None = None) -> None:
+        if not callable(fn):
+            raise ConfigError(f"@rllm.rollout needs a function, got {type(fn).__name__}")
+        self.fn = fn
+        self.name = name or getattr(fn, "__name__", "rollout")
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, task: Task, config: RolloutConfig) -> Any:
+        return self.fn(task, config)
+
+    def __repr__(self) -> str:
+        return f"<rllm.rollout {self.name}>"
+
+    def run(self, task: Task | dict[str, Any], **kwargs: Any) -> Episode:
+        """Run one episode synchronously (not from inside a running event loop: use `arun` there)."""
+        try:
+            asyncio.get_running_loop()
+        except RuntimeError:
+            return asyncio.run(self.arun(task, **kwargs))
+        raise ConfigError("Rollout.run() was called inside a running event loop; use `await rollout.arun(...)`")
+
+    async def arun(
+        self,
+        task: Task | dict[str, Any],
+        *,
+        base_url: str | None = None,
+        model: str = "default",
+        gateway: Any = None,
+        api_key: str | None = None,
+        session_id: str | None = None,
+        timeout_s: float | None = None,
+        attempt: int = 0,
+        sampling: dict[str, Any] | None = None,
+        inject_token_ids: bool | None = None,
+        tokenizer: Any = None,
+        **extra: Any,
+    ) -> Episode:
+        """Run one episode: open a gateway session, call the function, collect its steps into an Episode.
+
+        `base_url` is the upstream (e.g. the local policy server); `gateway` an already running gateway
+        handle to use instead of the shared in-process one.
+        """
+        from rllm_core.capture.inprocess import install as install_capture
+        from rllm_core.gateway import UpstreamConfig, shared_gateway
+
+        task = task if isinstance(task, Task) else Task.model_validate(task)
+        if gateway is None:
+            if base_url is None:
+                raise ConfigError("rollout.arun needs base_url= (the model endpoint) or gateway=")
+            gateway = shared_gateway(
+                [UpstreamConfig(url=base_url, api_key=api_key, inject_token_ids=inject_token_ids)]
+            )
+        install_capture()
+        sid = session_id or uuid.uuid4().hex
+        config = RolloutConfig(
+            base_url=gateway.session_base_url(sid),
+            model=model,
+            session_id=sid,
+            upstream_url=base_url,
+            sampling=dict(sampling or {}),
+            **extra,
+        )
+        ctx = EpisodeContext(session_id=sid, gateway_url=gateway.url, tokenizer=tokenizer)
+        started = time.time()
+        result: Any = None
+        error: str | None = None
+        termination = "completed"
+        with episode_scope(ctx):
+            try:
+                coro = _invoke(self.fn, task, config)
+                result = await (asyncio.wait_for(coro, timeout_s) if timeout_s else coro)
+            except TimeoutError:
+                termination, error = "timeout", f"rollout {self.name} timed out after {timeout_s} s"
+            except asyncio.CancelledError:
+                termination, error = "cancelled", "rollout cancelled"
+                raise
+            except Exception:
+                termination, error = "error", traceback.format_exc()
+            finally:
+                steps = gateway.take_steps(sid) + ctx.recorder.steps()
+        episode = build_episode(task, result, steps, default_name=self.name, episode_id=sid)
+        episode.attempt = attempt
+        episode.rollout = self.name
+        episode.metrics.setdefault("wall_s", time.time() - started)
+        if error is not None:
+            episode.termination_reason = termination  # type: ignore[assignment]
+            episode.error = error
+        elif episode.termination_reason is None:
+            episode.termination_reason = "completed"
+        from rllm_core.plugins import get_plugin_manager
+
+        get_plugin_manager().emit("rllm_on_episode_end", episode=episode)
+        return episode
+
+
+async def _invoke(fn: Callable[..., Any], task: Task, config: RolloutConfig) -> Any:
+    """Call sync / async / awaitable-returning / async-generator functions alike; return the final value."""
+    if inspect.isasyncgenfunction(fn):
+        last: Any = None
+        async for item in fn(task, config):
+            last = item
+        return last
+    if inspect.iscoroutinefunction(fn):
+        return await fn(task, config)
+    # Sync: run in a worker thread (asyncio.to_thread copies the context, so capture still attributes calls).
+    out = await asyncio.to_thread(fn, task, config)
+    if inspect.isawaitable(out):
+        return await out
+    return out
+
+
+def _split_by_agent(steps: list[Step], default_name: str) -> list[Trajectory]:
+    by_name: dict[str, Trajectory] = {}
+    for step in sorted(steps, key=lambda s: (s.started_at, s.choice_index)):
+        name = step.agent or default_name
+        by_name.setdefault(name, Trajectory(name=name)).steps.append(step)
+    return list(by_name.values())
+
+
+def build_episode(
+    task: Task, result: Any, steps: list[Step], default_name: str = "default", episode_id: str | None = None
+) -> Episode:
+    """Coerce a rollout's return value plus its captured steps into one Episode.
+
+    - Episode: kept; captured steps fill it only where it has no steps of its own.
+    - Trajectory: becomes the episode's trajectory (filled with the captured steps if it has none).
+    - dict: stored as artifacts; str: stored as artifacts["answer"]; None: nothing.
+    Captured steps are split into trajectories by their `agent` name (default: the rollout's name).
+    """
+    captured = _split_by_agent(steps, default_name)
+    if isinstance(result, Episode):
+        ep = result
+        if episode_id and not ep.id:
+            ep.id = episode_id
+        if not any(t.steps for t in ep.trajectories):
+            named = {t.name: t for t in ep.trajectories}
+            for traj in captured:
+                if traj.name in named:
+                    named[traj.name].steps = traj.steps
+                else:
+                    ep.trajectories.append(traj)
+        return ep
+    ep = Episode(id=episode_id or uuid.uuid4().hex, task=task)
+    if isinstance(result, Trajectory):
+        if not result.steps:
+            result.steps = [s for t in captured for s in t.steps]
+        ep.trajectories = [result]
+        return ep
+    ep.trajectories = captured
+    if isinstance(result, dict):
+        ep.artifacts = dict(result)
+    elif isinstance(result, str):
+        ep.artifacts = {"answer": result}
+    elif result is not None:
+        ep.artifacts = {"result": repr(result)}
+    return ep
+
+
+def rollout(fn: Callable[..., Any] | None = None, *, name: str | None = None) -> Any:
+    """Decorator: `@rllm.rollout` or `@rllm.rollout(name="solver")`."""
+    if fn is None:
+        return lambda f: Rollout(f, name=name)
+    return Rollout(fn, name=name)
+
+
+def as_rollout(obj: Any) -> Rollout:
+    """Accept a Rollout, or a plain `(task, config)` function, for engines that take user agents."""
+    if isinstance(obj, Rollout):
+        return obj
+    if callable(obj):
+        return Rollout(obj)
+    raise ConfigError(f"expected an @rllm.rollout function, got {type(obj).__name__}: {obj!r}")

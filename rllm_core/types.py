@@ -1,0 +1,182 @@
+"""The RL vocabulary of rllm: Step, Trajectory, Episode, Task, TrajectoryGroup.
+
+Every other part of rllm speaks these records: capture produces Steps, the rollout engine groups them into
+Trajectories and Episodes, rewards fill in Episode/Trajectory rewards, algorithms consume TrajectoryGroups.
+They are pydantic v2 models so that a JSONL line round-trips exactly and bad records fail loudly where they
+are built, not three stages later inside a loss function.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+__all__ = [
+    "Step",
+    "Trajectory",
+    "Episode",
+    "Task",
+    "TrajectoryGroup",
+    "TokenSource",
+    "TerminationReason",
+    "group_trajectories",
+]
+
+TokenSource = Literal["server", "retokenized", "none"]
+"""Where a Step's token ids came from: the server's own ids, our tokenizer after the fact, or nowhere."""
+
+TerminationReason = Literal[
+    "completed", "error", "timeout", "truncated", "max_turns", "env_done", "cancelled"
+]
+
+
+def _new_id() -> str:
+    return uuid.uuid4().hex
+
+
+class _Record(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+
+
+class Step(_Record):
+    """One LLM call (one choice of it when the request asked for n > 1)."""
+
+    id: str = Field(default_factory=_new_id)
+    agent: str | None = None
+    """The agent / role / graph node that made the call; trajectories are split by it."""
+    endpoint: Literal["chat", "completions"] = "chat"
+    model: str | None = None
+    messages: list[dict[str, Any]] | None = None
+    prompt: str | list[int] | None = None
+    params: dict[str, Any] = Field(default_factory=dict)
+    """Sampling parameters as the client sent them (temperature, top_p, max_tokens, tools, ...)."""
+    prompt_token_ids: list[int] | None = None
+    completion_token_ids: list[int] | None = None
+    logprobs: list[float] | None = None
+    """Log-probability of each completion token under the distribution it was sampled from."""
+    text: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
+    finish_reason: str | None = None
+    usage: dict[str, Any] | None = None
+    latency_s: float | None = None
+    started_at: float = Field(default_factory=time.time)
+    policy_version: int | None = None
+    token_source: TokenSource = "none"
+    choice_index: int = 0
+    reward: float | None = None
+    error: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_tokens(self) -> Step:
+        ids, lps = self.completion_token_ids, self.logprobs
+        if ids is not None and lps is not None and len(ids) != len(lps):
+            raise ValueError(
+                f"Step {self.id}: {len(ids)} completion tokens but {len(lps)} logprobs; "
+                "there must be exactly one logprob per completion token"
+            )
+        if lps is not None and ids is None:
+            raise ValueError(f"Step {self.id}: logprobs given without completion_token_ids")
+        if self.token_source != "none" and (self.prompt_token_ids is None or ids is None):
+            raise ValueError(
+                f"Step {self.id}: token_source={self.token_source!r} needs prompt_token_ids and "
+                "completion_token_ids; use token_source='none' for a step without token ids"
+            )
+        return self
+
+    @property
+    def trainable(self) -> bool:
+        """True when the step carries everything a trainer needs: ids, logprobs and no error."""
+        return (
+            self.error is None
+            and self.token_source != "none"
+            and self.prompt_token_ids is not None
+            and self.completion_token_ids is not None
+            and self.logprobs is not None
+        )
+
+
+class Trajectory(_Record):
+    """One agent's (or role's) ordered steps within an episode."""
+
+    id: str = Field(default_factory=_new_id)
+    name: str = "default"
+    steps: list[Step] = Field(default_factory=list)
+    reward: float | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class Task(_Record):
+    """One problem to attempt: what the agent is told, and what the reward function checks against."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    id: str
+    instruction: str | list[dict[str, Any]] = ""
+    ground_truth: Any = None
+    benchmark: str | None = None
+    split: str | None = None
+    metadata: dict[str, Any] = Field(default_factory=dict)
+
+
+class Episode(_Record):
+    """One attempt at one task: its trajectories, what it produced, and how it was scored."""
+
+    id: str = Field(default_factory=_new_id)
+    task: Task
+    trajectories: list[Trajectory] = Field(default_factory=list)
+    artifacts: dict[str, Any] = Field(default_factory=dict)
+    reward: float | None = None
+    reward_reason: str | None = None
+    """Why the reward is what it is (correct, wrong_answer, no_answer_extracted, truncated, ...)."""
+    is_correct: bool | None = None
+    termination_reason: TerminationReason | None = None
+    error: str | None = None
+    metrics: dict[str, float] = Field(default_factory=dict)
+    attempt: int = 0
+    rollout: str | None = None
+
+    @property
+    def steps(self) -> list[Step]:
+        """All steps of all trajectories, in call order."""
+        return sorted((s for t in self.trajectories for s in t.steps), key=lambda s: s.started_at)
+
+    def trajectory(self, name: str) -> Trajectory:
+        for t in self.trajectories:
+            if t.name == name:
+                return t
+        names = [t.name for t in self.trajectories]
+        raise KeyError(f"episode {self.id} has no trajectory named {name!r}; it has {names}")
+
+
+class TrajectoryGroup(_Record):
+    """The same task and role over n attempts: the unit that group-relative advantages are computed on."""
+
+    group_id: str
+    task_id: str
+    role: str
+    trajectories: list[Trajectory] = Field(default_factory=list)
+
+    @property
+    def rewards(self) -> list[float]:
+        return [t.reward if t.reward is not None else 0.0 for t in self.trajectories]
+
+
+def group_trajectories(episodes: Iterable[Episode]) -> list[TrajectoryGroup]:
+    """Group trajectories by (task id, trajectory name); a trajectory without its own reward takes the episode's."""
+    groups: dict[tuple[str, str], TrajectoryGroup] = {}
+    for ep in episodes:
+        for traj in ep.trajectories:
+            if traj.reward is None and ep.reward is not None:
+                traj = traj.model_copy(update={"reward": ep.reward})
+            key = (ep.task.id, traj.name)
+            if key not in groups:
+                groups[key] = TrajectoryGroup(
+                    group_id=f"{ep.task.id}:{traj.name}", task_id=ep.task.id, role=traj.name
+                )
+            groups[key].trajectories.append(traj)
+    return list(groups.values())
