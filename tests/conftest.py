@@ -1,0 +1,32 @@
+"""Shared fixtures: the deterministic upstream, a clean plugin manager."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+
+import pytest  # noqa: E402
+
+from rllm_core.testing.fake_upstream import FakeUpstream, start_fake_upstream  # noqa: E402
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+
+@pytest.fixture
+def fake_upstream() -> Iterator[FakeUpstream]:
+    with start_fake_upstream() as up:
+        yield up
+
+
+@pytest.fixture
+def shared_data_dir() -> Path:
+    """../shared/data (the benchmark data kept beside the checkout); tests that need it fail loudly without it."""
+    path = Path(os.environ.get("RLLM_DATA_DIR", SHARED_DATA))
+    assert path.is_dir(), f"benchmark data not found at {path}; set RLLM_DATA_DIR to the shared data folder"
+    return path

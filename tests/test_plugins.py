@@ -1,0 +1,93 @@
+"""The plugin manager: entry points load, hooks are checked at registration, broken plugins are skipped."""
+
+from __future__ import annotations
+
+import types
+
+import pytest
+from typer.testing import CliRunner
+
+from rllm_core.cli.app import build_app
+from rllm_core.errors import PluginError
+from rllm_core.hookspecs import hookimpl
+from rllm_core.plugins import AdapterSpec, PluginManager, get_plugin_manager, reset_plugin_manager
+from rllm_core.types import Episode, Step, Task
+
+
+def test_builtins_load_through_entry_points() -> None:
+    pm = PluginManager()
+    loaded = {i.name: i for i in pm.infos if i.error is None}
+    assert "core" in loaded and loaded["core"].kinds == ["command"]
+    assert loaded["core"].version == "0.1.0"
+
+
+def test_register_checks_hooks_at_registration() -> None:
+    pm = PluginManager(load_entry_points=False)
+    bad = types.SimpleNamespace()
+
+    @hookimpl
+    def rllm_register_adapters(unknown_arg):  # wrong signature
+        return []
+
+    bad.rllm_register_adapters = rllm_register_adapters
+    with pytest.raises(PluginError, match="does not match rllm's hook specs"):
+        pm.register(bad, name="bad")
+    assert not pm.pm.has_plugin("bad")
+
+
+def test_register_and_collect() -> None:
+    pm = PluginManager(load_entry_points=False)
+
+    class Mine:
+        @hookimpl
+        def rllm_register_adapters(self):
+            return [AdapterSpec(name="mine", module="mine", framework="mine")]
+
+    pm.register(Mine(), name="mine", version="1.2")
+    assert [a.name for a in pm.adapters()] == ["mine"]
+    assert pm.infos[-1].kinds == ["adapter"] and pm.infos[-1].version == "1.2"
+
+
+def test_event_hook_errors_are_logged_not_raised(caplog) -> None:
+    pm = PluginManager(load_entry_points=False)
+    seen: list[str] = []
+
+    class Broken:
+        @hookimpl
+        def rllm_on_episode_end(self, episode):
+            raise RuntimeError("plugin bug")
+
+    class Good:
+        @hookimpl
+        def rllm_on_llm_call(self, step):
+            seen.append(step.id)
+
+    pm.register(Broken(), name="broken")
+    pm.register(Good(), name="good")
+    pm.emit("rllm_on_episode_end", episode=Episode(task=Task(id="t")))
+    pm.emit("rllm_on_llm_call", step=Step(id="s1"))
+    assert seen == ["s1"]
+    assert "plugin bug" in caplog.text
+
+
+def test_failed_plugin_reported_and_cli_still_works(monkeypatch) -> None:
+    import importlib.metadata as md
+
+    real = md.entry_points
+
+    def fake_entry_points(group: str):
+        eps = list(real(group=group))
+        eps.append(md.EntryPoint(name="zz_broken", value="no_such_module_xyz", group=group))
+        return eps
+
+    monkeypatch.setattr("rllm_core.plugins.entry_points", fake_entry_points)
+    reset_plugin_manager()
+    try:
+        pm = get_plugin_manager()
+        broken = [i for i in pm.infos if i.name == "zz_broken"]
+        assert broken and "No module named 'no_such_module_xyz'" in (broken[0].error or "")
+        result = CliRunner().invoke(build_app(), ["plugins", "--json"])
+        assert result.exit_code == 0, result.output
+        assert "zz_broken" in result.output and "no_such_module_xyz" in result.output
+    finally:
+        reset_plugin_manager()

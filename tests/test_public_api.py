@@ -1,0 +1,12 @@
+"""The public surface of `rllm` is pinned: adding or removing a name is a deliberate change."""
+
+import rllm
+
+
+def test_public_names() -> None:
+    assert sorted(rllm.__all__) == sorted([
+        "Episode", "RLLMError", "Rollout", "RolloutConfig", "Step", "Task", "Trajectory", "TrajectoryGroup",
+        "__version__", "agent_scope", "bind_context", "current_episode", "group_trajectories", "rollout", "submit",
+    ])
+    for name in rllm.__all__:
+        assert hasattr(rllm, name), name
