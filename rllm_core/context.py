@@ -20,11 +20,11 @@ from rllm_core.types import Step
 __all__ = [
     "EpisodeContext",
     "StepRecorder",
-    "current_episode",
-    "current_agent",
-    "episode_scope",
     "agent_scope",
     "bind_context",
+    "current_agent",
+    "current_episode",
+    "episode_scope",
     "submit",
 ]
 

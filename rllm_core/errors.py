@@ -12,13 +12,13 @@
 from __future__ import annotations
 
 __all__ = [
-    "RLLMError",
+    "BenchmarkError",
+    "CaptureError",
     "ConfigError",
     "PluginError",
-    "CaptureError",
-    "UpstreamError",
-    "BenchmarkError",
+    "RLLMError",
     "TrainingError",
+    "UpstreamError",
 ]
 
 

@@ -23,7 +23,7 @@ from typing import Any
 
 import pluggy
 
-__all__ = ["PROJECT", "hookspec", "hookimpl", "RLLMHookSpec"]
+__all__ = ["PROJECT", "RLLMHookSpec", "hookimpl", "hookspec"]
 
 PROJECT = "rllm"
 hookspec = pluggy.HookspecMarker(PROJECT)

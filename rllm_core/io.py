@@ -9,7 +9,7 @@ from pathlib import Path
 from rllm_core.errors import ConfigError
 from rllm_core.types import Episode
 
-__all__ = ["write_jsonl", "append_jsonl", "read_jsonl", "iter_jsonl", "write_parquet", "read_parquet"]
+__all__ = ["append_jsonl", "iter_jsonl", "read_jsonl", "read_parquet", "write_jsonl", "write_parquet"]
 
 
 def write_jsonl(path: str | Path, episodes: Iterable[Episode]) -> int:

@@ -27,7 +27,7 @@ from rllm_core.context import EpisodeContext, episode_scope
 from rllm_core.errors import ConfigError
 from rllm_core.types import Episode, Step, Task, Trajectory
 
-__all__ = ["RolloutConfig", "Rollout", "rollout", "build_episode", "as_rollout"]
+__all__ = ["Rollout", "RolloutConfig", "as_rollout", "build_episode", "rollout"]
 
 
 class RolloutConfig(BaseModel):
@@ -97,9 +97,16 @@ class Rollout:
         if gateway is None:
             if base_url is None:
                 raise ConfigError("rollout.arun needs base_url= (the model endpoint) or gateway=")
-            gateway = shared_gateway(
-                [UpstreamConfig(url=base_url, api_key=api_key, inject_token_ids=inject_token_ids)]
-            )
+            try:
+                upstream = UpstreamConfig(
+                    url=base_url,
+                    api_key=api_key,
+                    inject_token_ids=inject_token_ids,
+                    tokenizer=tokenizer if isinstance(tokenizer, str) else None,
+                )
+            except ValueError as exc:
+                raise ConfigError(f"bad model endpoint base_url={base_url!r}: {exc}") from exc
+            gateway = shared_gateway([upstream])
         install_capture()
         sid = session_id or uuid.uuid4().hex
         config = RolloutConfig(
@@ -120,6 +127,8 @@ class Rollout:
                 coro = _invoke(self.fn, task, config)
                 result = await (asyncio.wait_for(coro, timeout_s) if timeout_s else coro)
             except TimeoutError:
+                # A sync function's worker thread cannot be killed: calls it makes after this point are not
+                # part of the episode (they are freed with the session below).
                 termination, error = "timeout", f"rollout {self.name} timed out after {timeout_s} s"
             except asyncio.CancelledError:
                 termination, error = "cancelled", "rollout cancelled"
@@ -180,8 +189,6 @@ def build_episode(
     captured = _split_by_agent(steps, default_name)
     if isinstance(result, Episode):
         ep = result
-        if episode_id and not ep.id:
-            ep.id = episode_id
         if not any(t.steps for t in ep.trajectories):
             named = {t.name: t for t in ep.trajectories}
             for traj in captured:

@@ -16,13 +16,13 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 __all__ = [
-    "Step",
-    "Trajectory",
     "Episode",
+    "Step",
     "Task",
-    "TrajectoryGroup",
-    "TokenSource",
     "TerminationReason",
+    "TokenSource",
+    "Trajectory",
+    "TrajectoryGroup",
     "group_trajectories",
 ]
 

@@ -8,12 +8,12 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 
-from collections.abc import Iterator  # noqa: E402
-from pathlib import Path  # noqa: E402
+from collections.abc import Iterator
+from pathlib import Path
 
-import pytest  # noqa: E402
+import pytest
 
-from rllm_core.testing.fake_upstream import FakeUpstream, start_fake_upstream  # noqa: E402
+from rllm_core.testing.fake_upstream import FakeUpstream, start_fake_upstream
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

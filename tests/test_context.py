@@ -5,8 +5,15 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
-from rllm_core.context import EpisodeContext, agent_scope, bind_context, current_agent, current_episode, \
-    episode_scope, submit
+from rllm_core.context import (
+    EpisodeContext,
+    agent_scope,
+    bind_context,
+    current_agent,
+    current_episode,
+    episode_scope,
+    submit,
+)
 from rllm_core.types import Step
 
 

@@ -19,7 +19,7 @@ from typing import Any
 
 from aiohttp import web
 
-__all__ = ["FakeUpstream", "start_fake_upstream", "encode", "decode", "token_logprob", "default_responder"]
+__all__ = ["FakeUpstream", "decode", "default_responder", "encode", "start_fake_upstream", "token_logprob"]
 
 Reply = str | dict[str, Any]
 """A reply is text, or {"tool_call": {"name": ..., "arguments": {...}}}."""

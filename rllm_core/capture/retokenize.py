@@ -1,0 +1,84 @@
+"""Token ids for upstreams that return none (hosted APIs): rebuilt with a tokenizer, and marked as such.
+
+The ids are our tokenizer's reading of the text, not the server's: Steps get `token_source="retokenized"`
+so a trainer can tell them apart. A chat prompt is rendered with the tokenizer's chat template (with the
+request's tools); the completion is the reply text, plus EOS when the model stopped on its own, or for tool
+calls the template's rendering of the assistant turn beyond the prompt.
+"""
+
+from __future__ import annotations
+
+import functools
+import threading
+from typing import Any
+
+from rllm_core.errors import ConfigError
+
+__all__ = ["resolve_tokenizer", "retokenize"]
+
+_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=8)
+def _load(path: str) -> Any:
+    try:
+        from transformers import AutoTokenizer
+    except ImportError as exc:  # pragma: no cover - transformers is in the serve extra
+        raise ConfigError("retokenizing needs transformers: pip install 'rllm[serve]'") from exc
+    try:
+        return AutoTokenizer.from_pretrained(path)
+    except Exception as exc:
+        raise ConfigError(
+            f"could not load tokenizer {path!r} ({type(exc).__name__}: {exc}); give a local tokenizer folder "
+            "or a model name already in the Hugging Face cache"
+        ) from exc
+
+
+def resolve_tokenizer(spec: Any) -> Any:
+    """None → None; a str → the Hugging Face tokenizer at that path (loaded once); anything else as is."""
+    if spec is None or not isinstance(spec, str):
+        return spec
+    with _lock:
+        return _load(spec)
+
+
+def _encode(tok: Any, text: str, special: bool) -> list[int]:
+    return list(tok.encode(text, add_special_tokens=special))
+
+
+def _render(tok: Any, messages: list[dict[str, Any]], tools: Any, gen_prompt: bool) -> str:
+    kwargs: dict[str, Any] = {"tokenize": False, "add_generation_prompt": gen_prompt}
+    if tools:
+        kwargs["tools"] = tools
+    return str(tok.apply_chat_template(messages, **kwargs))
+
+
+def retokenize(
+    tokenizer: Any,
+    endpoint: str,
+    messages: list[dict[str, Any]] | None,
+    prompt: Any,
+    text: str | None,
+    tool_calls: list[dict[str, Any]] | None,
+    finish_reason: str | None,
+    tools: Any = None,
+) -> tuple[list[int], list[int]]:
+    """Return (prompt_token_ids, completion_token_ids) rebuilt from text with `tokenizer`."""
+    tok = resolve_tokenizer(tokenizer)
+    if endpoint == "chat":
+        prompt_text = _render(tok, messages or [], tools, gen_prompt=True)
+        prompt_ids = _encode(tok, prompt_text, special=False)
+        if tool_calls:
+            turn = {"role": "assistant", "content": text or "", "tool_calls": tool_calls}
+            full = _render(tok, [*(messages or []), turn], tools, gen_prompt=False)
+            if full.startswith(prompt_text):
+                return prompt_ids, _encode(tok, full[len(prompt_text):], special=False)
+    elif isinstance(prompt, list):
+        prompt_ids = [int(t) for t in prompt]
+    else:
+        prompt_ids = _encode(tok, str(prompt or ""), special=True)
+    completion_ids = _encode(tok, text or "", special=False)
+    eos = getattr(tok, "eos_token_id", None)
+    if finish_reason == "stop" and isinstance(eos, int):
+        completion_ids.append(eos)
+    return prompt_ids, completion_ids

@@ -1,0 +1,67 @@
+"""Gateway configuration records: one per upstream model server, and the gateway's own options."""
+
+from __future__ import annotations
+
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from rllm_core.capture.request import is_loopback
+
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "GatewayConfig", "UpstreamConfig"]
+
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
+
+
+class UpstreamConfig(BaseModel):
+    """One OpenAI-compatible model server behind the gateway."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    url: str
+    """Base URL ending in /v1, e.g. http://127.0.0.1:8000/v1."""
+    api_key: str | None = Field(default=None, repr=False)
+    """Sent upstream as a bearer token; never logged, never stored in Steps, hidden from repr."""
+    inject_token_ids: bool | None = None
+    """Ask for logprobs + return_token_ids on the client's behalf. None = auto: True for loopback hosts
+    (our policy server, a local vLLM), False for hosted APIs (they reject `return_token_ids`)."""
+    timeout_s: float = 600.0
+    tokenizer: str | None = None
+    """Hugging Face tokenizer path used to retokenize replies from an upstream that returns no token ids."""
+
+    @field_validator("url")
+    @classmethod
+    def _check_url(cls, url: str) -> str:
+        url = url.strip().rstrip("/")
+        parts = urlsplit(url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise ValueError(f"upstream url {url!r} must look like http://HOST:PORT/v1")
+        return url
+
+    @field_validator("timeout_s")
+    @classmethod
+    def _check_timeout(cls, t: float) -> float:
+        if t <= 0:
+            raise ValueError(f"timeout_s must be > 0 seconds, got {t}")
+        return t
+
+    @property
+    def inject(self) -> bool:
+        return is_loopback(self.url) if self.inject_token_ids is None else self.inject_token_ids
+
+
+class GatewayConfig(BaseModel):
+    """What `create_app` needs: upstreams, an optional bearer token clients must present, a body limit."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    upstreams: list[UpstreamConfig]
+    api_key: str | None = Field(default=None, repr=False)
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+
+    @field_validator("upstreams")
+    @classmethod
+    def _need_one(cls, ups: list[UpstreamConfig]) -> list[UpstreamConfig]:
+        if not ups:
+            raise ValueError("the gateway needs at least one upstream (e.g. --upstream http://127.0.0.1:8000/v1)")
+        return ups

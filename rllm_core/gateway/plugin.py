@@ -1,0 +1,56 @@
+"""`rllm gateway`: run the recording reverse proxy in the foreground, in front of one or more upstreams."""
+
+from __future__ import annotations
+
+import threading
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+
+from rllm_core.errors import ConfigError
+from rllm_core.hookspecs import hookimpl
+
+__all__ = ["gateway_command"]
+
+
+def gateway_command(
+    upstream: list[str] = typer.Option(..., "--upstream", help="Upstream base URL ending in /v1 (repeatable)."),
+    host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; 127.0.0.1 unless you mean it."),
+    port: int = typer.Option(8080, "--port", help="Port to listen on (0 = a free one)."),
+    api_key: str | None = typer.Option(None, "--api-key", envvar="RLLM_GATEWAY_API_KEY",
+                                       help="Require 'Authorization: Bearer KEY' from clients."),
+    upstream_api_key: str | None = typer.Option(None, "--upstream-api-key", envvar="RLLM_UPSTREAM_API_KEY",
+                                                help="Bearer token sent upstream (never logged or stored)."),
+    no_inject: bool = typer.Option(False, "--no-inject",
+                                   help="Never add logprobs/return_token_ids (for hosted APIs)."),
+    tokenizer: str | None = typer.Option(None, "--tokenizer",
+                                         help="HF tokenizer path to retokenize replies that carry no ids."),
+    timeout_s: float = typer.Option(600.0, "--timeout", help="Seconds to wait on the upstream."),
+) -> None:
+    """Serve an OpenAI-compatible gateway that records every call (GET /sessions/ID/steps to read them)."""
+    from rllm_core.gateway.config import UpstreamConfig
+    from rllm_core.gateway.server import start_gateway
+
+    console = Console(stderr=True)
+    try:
+        ups = [UpstreamConfig(url=u, api_key=upstream_api_key, inject_token_ids=False if no_inject else None,
+                              tokenizer=tokenizer, timeout_s=timeout_s) for u in upstream]
+        handle = start_gateway(ups, host=host, port=port, api_key=api_key)
+    except (ValidationError, ConfigError) as exc:
+        console.print(f"[red]rllm gateway: {exc}[/red]")
+        raise typer.Exit(2) from None
+    console.print(f"rllm gateway on [bold]{handle.url}[/bold] → {', '.join(u.url for u in ups)}; "
+                  f"sessions at {handle.url}/sessions/<id>/v1 (Ctrl-C to stop)")
+    typer.echo(handle.url, err=False)
+    try:
+        threading.Event().wait()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        handle.stop()
+
+
+@hookimpl
+def rllm_register_commands(app: typer.Typer) -> None:
+    app.command("gateway")(gateway_command)

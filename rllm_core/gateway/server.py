@@ -1,0 +1,143 @@
+"""Running the gateway: in a background thread of this process (`start_gateway`, `shared_gateway`) or in
+the foreground (`rllm gateway`). The handle is what rollouts use: session URLs in, Steps out."""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import threading
+from typing import Any
+
+from aiohttp import web
+
+from rllm_core.errors import ConfigError
+from rllm_core.gateway.app import ROUTER_KEY, create_app
+from rllm_core.gateway.config import DEFAULT_MAX_BODY_BYTES, GatewayConfig, UpstreamConfig
+from rllm_core.gateway.store import SessionStore
+from rllm_core.types import Step
+
+__all__ = ["GatewayHandle", "shared_gateway", "start_gateway"]
+
+
+class GatewayHandle:
+    """A gateway serving from a background thread; stop it (or use it as a context manager) when done."""
+
+    def __init__(self, config: GatewayConfig, store: SessionStore, host: str, port: int) -> None:
+        self.config = config
+        self.store = store
+        self.host = host
+        self.port = port
+        client_host = "127.0.0.1" if host in ("", "0.0.0.0") else ("[::1]" if host == "::" else host)
+        self.url = f"http://{client_host}:{port}"
+        """Where clients on this machine reach it (the loopback address when bound to all interfaces)."""
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._runner: web.AppRunner | None = None
+        self._thread: threading.Thread | None = None
+
+    def __repr__(self) -> str:
+        return f"<GatewayHandle {self.url} upstreams={[u.url for u in self.config.upstreams]}>"
+
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive()
+
+    def session_base_url(self, session_id: str) -> str:
+        """The OpenAI base URL for one session: give it to the agent as `base_url`."""
+        return f"{self.url}/sessions/{session_id}/v1"
+
+    def steps(self, session_id: str) -> list[Step]:
+        return self.store.steps(session_id)
+
+    def take_steps(self, session_id: str) -> list[Step]:
+        """Return the session's Steps and free them (and the session's upstream assignment)."""
+        router = self._runner.app[ROUTER_KEY] if self._runner is not None else None
+        if router is not None:
+            router.forget(session_id)
+        return self.store.take(session_id)
+
+    def stop(self) -> None:
+        loop, runner, thread = self._loop, self._runner, self._thread
+        if loop is None or runner is None or thread is None or not thread.is_alive():
+            return
+        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(15)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(15)
+        self._thread = None
+
+    def __enter__(self) -> GatewayHandle:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()
+
+
+
+
+def start_gateway(
+    upstreams: list[UpstreamConfig] | UpstreamConfig | str,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    api_key: str | None = None,
+    *,
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+) -> GatewayHandle:
+    """Start a gateway in a background thread on host:port (port 0 = a free one); returns once it listens."""
+    if isinstance(upstreams, (str, UpstreamConfig)):
+        upstreams = [upstreams]  # type: ignore[list-item]
+    ups = [UpstreamConfig(url=u) if isinstance(u, str) else u for u in upstreams]
+    config = GatewayConfig(upstreams=ups, api_key=api_key, max_body_bytes=max_body_bytes)
+    store = SessionStore()
+    app = create_app(config, store)
+    loop = asyncio.new_event_loop()
+    ready = threading.Event()
+    box: dict[str, Any] = {}
+
+    async def _start() -> None:
+        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        await runner.setup()
+        site = web.TCPSite(runner, host, port, reuse_address=True)
+        await site.start()
+        box["runner"], box["port"] = runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+
+    def _run() -> None:
+        asyncio.set_event_loop(loop)
+        try:
+            loop.run_until_complete(_start())
+        except BaseException as exc:
+            box["error"] = exc
+            ready.set()
+            return
+        ready.set()
+        loop.run_forever()
+        loop.close()
+
+    thread = threading.Thread(target=_run, name="rllm-gateway", daemon=True)
+    thread.start()
+    if not ready.wait(30) or "error" in box:
+        err = box.get("error")
+        raise ConfigError(f"the gateway could not listen on {host}:{port}: {err}; choose another --port") from err
+    handle = GatewayHandle(config, store, host, box["port"])
+    handle._loop, handle._runner, handle._thread = loop, box["runner"], thread
+    return handle
+
+
+_shared: dict[tuple[str, ...], GatewayHandle] = {}
+_shared_lock = threading.Lock()
+
+
+def shared_gateway(upstreams: list[UpstreamConfig]) -> GatewayHandle:
+    """The process's in-process gateway for this upstream list: started on first use, then reused."""
+    key = tuple(u.model_dump_json() for u in upstreams)
+    with _shared_lock:
+        handle = _shared.get(key)
+        if handle is None or not handle.running:
+            handle = _shared[key] = start_gateway(upstreams)
+        return handle
+
+
+@atexit.register
+def _stop_shared() -> None:
+    with _shared_lock:
+        for handle in _shared.values():
+            handle.stop()
+        _shared.clear()

@@ -1,0 +1,219 @@
+"""Bad input and faults at the gateway: each gets a clear status and message, an errored Step where a call was
+attempted, and the gateway keeps serving."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from typing import Any
+
+import httpx
+import pytest
+from aiohttp import web
+
+from rllm_core.gateway import UpstreamConfig, start_gateway
+from rllm_core.testing.fake_upstream import start_fake_upstream
+
+MSGS = [{"role": "user", "content": "hi"}]
+BODY = {"model": "m", "messages": MSGS}
+
+
+@contextmanager
+def serve_app(app: web.Application) -> Iterator[str]:
+    """Serve an aiohttp app on 127.0.0.1:<free port> from a thread; yields its base URL (+/v1)."""
+    loop = asyncio.new_event_loop()
+    box: dict[str, Any] = {}
+    ready = threading.Event()
+
+    async def start() -> None:
+        runner = web.AppRunner(app, access_log=None)
+        await runner.setup()
+        site = web.TCPSite(runner, "127.0.0.1", 0)
+        await site.start()
+        box["runner"], box["port"] = runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
+        ready.set()
+
+    thread = threading.Thread(target=lambda: (loop.run_until_complete(start()), loop.run_forever()), daemon=True)
+    thread.start()
+    assert ready.wait(10)
+    try:
+        yield f"http://127.0.0.1:{box['port']}/v1"
+    finally:
+        asyncio.run_coroutine_threadsafe(box["runner"].cleanup(), loop).result(10)
+        loop.call_soon_threadsafe(loop.stop)
+        thread.join(10)
+
+
+def slow_stream_app(chunks: int = 60, gap_s: float = 0.02) -> web.Application:
+    """An upstream that streams one token every `gap_s`: slow enough for a client to leave mid-stream."""
+
+    async def chat(request: web.Request) -> web.StreamResponse:
+        await request.read()
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        await resp.write(b'data: {"id":"slow","prompt_token_ids":[1,2],"choices":[{"index":0,"delta":'
+                         b'{"role":"assistant","content":""}}]}\n\n')
+        for _ in range(chunks):
+            await asyncio.sleep(gap_s)
+            await resp.write(b'data: {"choices":[{"index":0,"delta":{"content":"a"},"token_ids":[100],'
+                             b'"logprobs":{"content":[{"token":"a","logprob":-0.5}]}}]}\n\n')
+        await resp.write(b"data: [DONE]\n\n")
+        return resp
+
+    app = web.Application()
+    app.router.add_post("/v1/chat/completions", chat)
+    return app
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def gateway(fake_upstream):
+    with start_gateway([UpstreamConfig(url=fake_upstream.base_url)], max_body_bytes=64 * 1024) as gw:
+        yield gw
+
+
+def test_malformed_json_is_a_400_with_a_message(gateway):
+    url = gateway.session_base_url("bad") + "/chat/completions"
+    r = httpx.post(url, content=b"{not json", headers={"Content-Type": "application/json"})
+    assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
+    r = httpx.post(url, json=[1, 2])
+    assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"]
+    assert gateway.steps("bad") == []
+
+
+def test_body_over_the_limit_is_a_400(gateway):
+    url = gateway.session_base_url("big") + "/chat/completions"
+    big = {"model": "m", "messages": [{"role": "user", "content": "x" * 100_000}]}
+    r = httpx.post(url, json=big)
+    assert r.status_code == 400 and "limit" in r.json()["error"]["message"]
+
+    def chunked() -> Iterator[bytes]:  # no Content-Length: the limit still holds while reading
+        yield b'{"model": "m", "messages": [{"role": "user", "content": "'
+        for _ in range(100):
+            yield b"y" * 1000
+        yield b'"}]}'
+
+    r = httpx.post(url, content=chunked())
+    assert r.status_code == 400 and "limit" in r.json()["error"]["message"]
+    assert httpx.post(url, json=BODY).status_code == 200  # still serving
+
+
+def test_refused_connection_is_a_502_and_an_errored_step():
+    with start_gateway([UpstreamConfig(url=f"http://127.0.0.1:{free_port()}/v1")]) as gw:
+        r = httpx.post(gw.session_base_url("r") + "/chat/completions", json=BODY)
+        assert r.status_code == 502 and "unreachable" in r.json()["error"]["message"]
+        [step] = gw.take_steps("r")
+    assert step.error and "unreachable" in step.error and step.messages == MSGS and not step.trainable
+
+
+def test_upstream_timeout_is_a_504_and_an_errored_step():
+    with start_fake_upstream(delay_s=1.0) as up, \
+            start_gateway([UpstreamConfig(url=up.base_url, timeout_s=0.2)]) as gw:
+        r = httpx.post(gw.session_base_url("t") + "/chat/completions", json=BODY)
+        assert r.status_code == 504 and "timed out" in r.json()["error"]["message"]
+        [step] = gw.take_steps("t")
+    assert step.error and "timed out" in step.error
+
+
+def test_upstream_http_error_passes_through_and_is_recorded(gateway):
+    r = httpx.post(gateway.session_base_url("e") + "/chat/completions", json={**BODY, "n": "two"})
+    assert r.status_code == 500  # the upstream's own answer, passed on
+    [step] = gateway.take_steps("e")
+    assert step.error and "HTTP 500" in step.error
+    r = httpx.post(gateway.session_base_url("e") + "/embeddings", json={"input": "x"})
+    assert r.status_code == 404  # not a completions route: proxied as is, not recorded
+    assert gateway.steps("e") == []
+
+
+def test_client_disconnect_mid_stream_is_recorded_and_gateway_keeps_serving():
+    with serve_app(slow_stream_app()) as slow, start_gateway([UpstreamConfig(url=slow)]) as gw:
+        url = gw.session_base_url("d") + "/chat/completions"
+        with httpx.stream("POST", url, json={**BODY, "stream": True}) as r:
+            first = next(r.iter_raw())
+            assert first.startswith(b"data:")
+        deadline = time.time() + 10
+        while not gw.steps("d") and time.time() < deadline:
+            time.sleep(0.05)
+        [step] = gw.take_steps("d")
+        assert step.error and "disconnected" in step.error
+        assert step.completion_token_ids and set(step.completion_token_ids) == {100}
+        assert len(step.logprobs or []) == len(step.completion_token_ids)
+        # a full stream afterwards is still served and recorded
+        with httpx.stream("POST", url.replace("/d/", "/d2/"), json={**BODY, "stream": True}, timeout=30) as r:
+            body = r.read()
+        assert body.rstrip().endswith(b"[DONE]")
+        [ok] = gw.take_steps("d2")
+        assert ok.error is None and ok.completion_token_ids == [100] * 60 and ok.prompt_token_ids == [1, 2]
+
+
+def test_200_concurrent_sessions_none_lost_none_duplicated(gateway):
+    async def main() -> None:
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=200)) as client:
+
+            async def one(i: int) -> None:
+                sid = f"conc-{i}"
+                for turn in range(2):
+                    body = {"model": "m", "messages": [{"role": "user", "content": f"{sid} turn {turn}"}],
+                            "stream": bool(i % 2)}
+                    if i % 3 == 0:  # header routing instead of the prefix
+                        r = await client.post(gateway.url + "/v1/chat/completions", json=body,
+                                              headers={"X-RLLM-Session": sid})
+                    else:
+                        r = await client.post(gateway.session_base_url(sid) + "/chat/completions", json=body)
+                    assert r.status_code == 200
+
+            await asyncio.gather(*(one(i) for i in range(200)))
+
+    asyncio.run(main())
+    for i in range(200):
+        steps = gateway.take_steps(f"conc-{i}")
+        assert [s.messages[0]["content"] for s in steps] == [f"conc-{i} turn 0", f"conc-{i} turn 1"]
+        assert all(s.error is None and s.trainable for s in steps)
+
+
+@pytest.mark.slow
+def test_cli_serves_and_records(fake_upstream):
+    port = free_port()
+    env = {**os.environ, "RLLM_LOG_LEVEL": "ERROR"}
+    proc = subprocess.Popen([sys.executable, "-m", "rllm", "gateway", "--upstream", fake_upstream.base_url,
+                             "--port", str(port), "--api-key", "k"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, env=env, text=True)
+    try:
+        line = proc.stdout.readline().strip()  # type: ignore[union-attr]
+        assert line == f"http://127.0.0.1:{port}", proc.stderr.read() if proc.poll() is not None else line  # type: ignore[union-attr]
+        auth = {"Authorization": "Bearer k"}
+        r = httpx.post(f"{line}/sessions/cli/v1/chat/completions", json=BODY, headers=auth)
+        assert r.status_code == 200
+        steps = httpx.get(f"{line}/sessions/cli/steps", headers=auth).json()
+        assert len(steps) == 1 and steps[0]["token_source"] == "server"
+    finally:
+        proc.terminate()
+        proc.wait(10)
+
+
+@pytest.mark.slow
+def test_cli_rejects_a_bad_upstream_url():
+    proc = subprocess.run([sys.executable, "-m", "rllm", "gateway", "--upstream", "not-a-url", "--port", "0"],
+                          capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "RLLM_LOG_LEVEL": "ERROR"})
+    assert proc.returncode == 2 and "http://HOST:PORT/v1" in proc.stderr
+
+
+def test_a_port_in_use_is_a_clear_config_error(fake_upstream):
+    from rllm_core.errors import ConfigError
+
+    with start_gateway([UpstreamConfig(url=fake_upstream.base_url)]) as gw, \
+            pytest.raises(ConfigError, match="could not listen"):
+        start_gateway([UpstreamConfig(url=fake_upstream.base_url)], port=gw.port)

@@ -1,0 +1,163 @@
+"""`@rllm.rollout` end to end with the real `openai` SDK against the fake upstream: every kind of function,
+every kind of return value, failures and timeouts; the Episode's steps carry the server's exact ids."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from typing import Any
+
+import openai
+import pytest
+
+import rllm
+from rllm_core.testing.fake_upstream import encode, token_logprob
+from rllm_core.types import Episode, Step, Task, Trajectory
+
+TASK = Task(id="t1", instruction="hello there")
+
+
+def ask(config: rllm.RolloutConfig, text: str) -> str:
+    client = openai.OpenAI(base_url=config.base_url, api_key=config.api_key, max_retries=0)
+    resp = client.chat.completions.create(model=config.model, messages=[{"role": "user", "content": text}])
+    return resp.choices[0].message.content or ""
+
+
+async def aask(config: rllm.RolloutConfig, text: str, stream: bool = False) -> str:
+    client = openai.AsyncOpenAI(base_url=config.base_url, api_key=config.api_key, max_retries=0)
+    try:
+        messages = [{"role": "user", "content": text}]
+        if not stream:
+            resp = await client.chat.completions.create(model=config.model, messages=messages)
+            return resp.choices[0].message.content or ""
+        out = await client.chat.completions.create(model=config.model, messages=messages, stream=True)
+        return "".join([c.choices[0].delta.content or "" async for c in out if c.choices])
+    finally:
+        await client.close()
+
+
+def assert_exact(step: Step, asked: str) -> None:
+    reply = encode(f"ok: {asked}"[:28])
+    messages = [{"role": "user", "content": asked}]
+    assert step.token_source == "server" and step.trainable
+    assert step.prompt_token_ids == encode(json.dumps(messages, sort_keys=True, separators=(",", ":")))
+    assert step.completion_token_ids == reply and step.logprobs == [token_logprob(t) for t in reply]
+
+
+def test_sync_function_two_turns(fake_upstream):
+    @rllm.rollout
+    def solver(task: Task, config: rllm.RolloutConfig) -> str:
+        first = ask(config, str(task.instruction))
+        return ask(config, first)
+
+    ep = solver.run(TASK, base_url=fake_upstream.base_url, model="m")
+    assert ep.termination_reason == "completed" and ep.error is None
+    assert ep.artifacts == {"answer": "ok: ok: hello there"} and ep.rollout == "solver"
+    [traj] = ep.trajectories
+    assert traj.name == "solver" and len(traj.steps) == 2
+    assert_exact(traj.steps[0], "hello there")
+    assert_exact(traj.steps[1], "ok: hello there")
+
+
+async def test_async_function_streaming_and_agents(fake_upstream):
+    @rllm.rollout(name="team")
+    async def team(task: Task, config: rllm.RolloutConfig) -> dict[str, Any]:
+        with rllm.agent_scope("writer"):
+            draft = await aask(config, "draft", stream=True)
+        with rllm.agent_scope("critic"):
+            verdict = await aask(config, draft)
+        return {"draft": draft, "verdict": verdict}
+
+    ep = await team.arun(TASK, base_url=fake_upstream.base_url, model="m")
+    assert ep.artifacts == {"draft": "ok: draft", "verdict": "ok: ok: draft"}
+    assert [t.name for t in ep.trajectories] == ["writer", "critic"]
+    assert_exact(ep.trajectory("writer").steps[0], "draft")
+    assert_exact(ep.trajectory("critic").steps[0], "ok: draft")
+
+
+async def test_awaitable_returning_and_async_generator(fake_upstream):
+    def returns_coroutine(task: Task, config: rllm.RolloutConfig) -> Any:
+        return aask(config, "lazy")
+
+    async def generator(task: Task, config: rllm.RolloutConfig) -> Any:
+        for word in ("one", "two"):
+            yield await aask(config, word)
+
+    ep1 = await rllm.rollout(returns_coroutine).arun(TASK, base_url=fake_upstream.base_url)
+    ep2 = await rllm.rollout(generator).arun(TASK, base_url=fake_upstream.base_url)
+    assert ep1.artifacts == {"answer": "ok: lazy"} and len(ep1.steps) == 1
+    assert_exact(ep1.steps[0], "lazy")
+    assert ep2.artifacts == {"answer": "ok: two"} and [s.messages[0]["content"] for s in ep2.steps] == ["one", "two"]
+
+
+def test_calls_straight_to_the_upstream_are_captured_in_process(fake_upstream):
+    @rllm.rollout
+    def direct(task: Task, config: rllm.RolloutConfig) -> None:
+        client = openai.OpenAI(base_url=config.upstream_url, api_key="x", max_retries=0)
+        client.chat.completions.create(model="m", messages=[{"role": "user", "content": "direct"}])
+
+    ep = direct.run(TASK, base_url=fake_upstream.base_url)
+    assert ep.artifacts == {} and len(ep.steps) == 1
+    assert_exact(ep.steps[0], "direct")
+
+
+@pytest.mark.parametrize("kind", ["episode", "trajectory", "trajectory_with_steps", "other"])
+def test_return_values_are_coerced(fake_upstream, kind):
+    def fn(task: Task, config: rllm.RolloutConfig) -> Any:
+        ask(config, "x")
+        if kind == "episode":
+            return Episode(task=task, trajectories=[Trajectory(name="mine")], artifacts={"k": 1}, reward=0.5)
+        if kind == "trajectory":
+            return Trajectory(name="mine", reward=1.0)
+        if kind == "trajectory_with_steps":
+            return Trajectory(name="mine", steps=[Step(text="hand-made")])
+        return 42
+
+    ep = rllm.rollout(fn).run(TASK, base_url=fake_upstream.base_url)
+    assert ep.termination_reason == "completed"
+    if kind == "episode":
+        assert ep.reward == 0.5 and ep.artifacts == {"k": 1} and [t.name for t in ep.trajectories] == ["mine", "fn"]
+    elif kind == "trajectory":
+        assert [t.name for t in ep.trajectories] == ["mine"] and ep.trajectories[0].reward == 1.0
+        assert_exact(ep.trajectories[0].steps[0], "x")
+    elif kind == "trajectory_with_steps":
+        assert [s.text for s in ep.steps] == ["hand-made"]  # the user's own steps win
+    else:
+        assert ep.artifacts == {"result": "42"} and len(ep.steps) == 1
+
+
+def test_exception_keeps_steps_and_traceback(fake_upstream):
+    @rllm.rollout
+    def crashes(task: Task, config: rllm.RolloutConfig) -> None:
+        ask(config, "before")
+        raise ValueError("tool exploded")
+
+    ep = crashes.run(TASK, base_url=fake_upstream.base_url)
+    assert ep.termination_reason == "error"
+    assert "Traceback" in (ep.error or "") and "ValueError: tool exploded" in (ep.error or "")
+    assert len(ep.steps) == 1
+    assert_exact(ep.steps[0], "before")
+
+
+async def test_timeout_keeps_steps(fake_upstream):
+    @rllm.rollout
+    async def slow(task: Task, config: rllm.RolloutConfig) -> None:
+        await aask(config, "quick")
+        await asyncio.sleep(30)
+
+    ep = await slow.arun(TASK, base_url=fake_upstream.base_url, timeout_s=0.5)
+    assert ep.termination_reason == "timeout" and "timed out" in (ep.error or "")
+    assert len(ep.steps) == 1
+
+
+async def test_concurrent_episodes_do_not_mix(fake_upstream):
+    @rllm.rollout
+    async def agent(task: Task, config: rllm.RolloutConfig) -> str:
+        return await aask(config, str(task.instruction), stream=True)
+
+    tasks = [Task(id=f"t{i}", instruction=f"q{i}") for i in range(20)]
+    eps = await asyncio.gather(*(agent.arun(t, base_url=fake_upstream.base_url) for t in tasks))
+    for t, ep in zip(tasks, eps, strict=True):
+        [step] = ep.steps
+        assert step.messages == [{"role": "user", "content": t.instruction}]
+        assert_exact(step, str(t.instruction))
