@@ -92,7 +92,9 @@ class Rollout:
         """
         from rllm_core.capture.inprocess import install as install_capture
         from rllm_core.gateway import UpstreamConfig, shared_gateway
+        from rllm_core.plugins import get_plugin_manager
 
+        get_plugin_manager()  # load plugins before the agent runs: capture plugins must see its first call
         task = task if isinstance(task, Task) else Task.model_validate(task)
         if gateway is None:
             if base_url is None:
@@ -146,8 +148,6 @@ class Rollout:
             episode.error = error
         elif episode.termination_reason is None:
             episode.termination_reason = "completed"
-        from rllm_core.plugins import get_plugin_manager
-
         get_plugin_manager().emit("rllm_on_episode_end", episode=episode)
         return episode
 

@@ -1,0 +1,158 @@
+"""`wrap_team`: one Trajectory per AutoGen agent, for RoundRobinGroupChat, SelectorGroupChat or one agent.
+
+The team is changed in place (and returned): each agent's model client is replaced by a `NamedModelClient`
+carrying the agent's name; a SelectorGroupChat's own client (the speaker selection calls) is named
+`manager_name`; nested teams (SocietyOfMindAgent) are wrapped too. The team's `run_stream` (which `run`
+goes through) binds the episode it was called in, so calls land in that episode even when AutoGen's runtime
+runs the agents in a context that belongs to another one.
+
+AutoGen keeps model clients in private attributes (`_model_client`) and offers no public way to replace
+them; that one access is kept here, checked, and fails with a clear error when AutoGen changes it.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections import deque
+from collections.abc import AsyncGenerator
+from typing import Any, TypeVar
+
+from autogen_core.models import ChatCompletionClient
+
+from rllm_adapters._common import check_version, finish_adhoc_episode, open_adhoc_episode
+from rllm_adapters.autogen.client import EpisodeBinding, NamedModelClient
+from rllm_adapters.autogen.plugin import TESTED_VERSIONS
+from rllm_core.context import EpisodeContext, current_episode
+from rllm_core.types import Episode
+
+__all__ = ["adhoc_episodes", "named_clients", "wrap_team"]
+
+check_version("autogen-ext", TESTED_VERSIONS, adapter="autogen")
+
+adhoc_episodes: deque[Episode] = deque(maxlen=256)
+"""Episodes built from wrapped teams run outside @rllm.rollout (one per run), newest last."""
+
+T = TypeVar("T")
+
+_CLIENT_ATTR = "_model_client"
+_TEAM_ATTR = "_team"
+_MARK = "__rllm_binding__"
+
+
+def wrap_team(team: T, *, base_url: str | None = None, manager_name: str = "selector") -> T:
+    """Name every model call of `team` after the agent that made it; returns the same (mutated) team.
+
+    Args:
+        team: a RoundRobinGroupChat, SelectorGroupChat (or other BaseGroupChat), or a single agent.
+        base_url: point every OpenAI-compatible model client at this URL, e.g. the episode's
+            `config.base_url` (the gateway session URL) when the team was built for another endpoint.
+        manager_name: the trajectory name for calls made by the team itself (SelectorGroupChat's selector).
+
+    Calling it again on a wrapped team only re-points the clients (with `base_url`).
+    """
+    if not (hasattr(team, "run_stream") and (hasattr(team, "_participants") or hasattr(team, "name"))):
+        raise TypeError(
+            f"wrap_team expects an AutoGen team (RoundRobinGroupChat, SelectorGroupChat, ...) or agent "
+            f"(AssistantAgent, ...), got {type(team).__name__}"
+        )
+    binding: EpisodeBinding | None = getattr(team, _MARK, None)
+    if binding is None:
+        binding = EpisodeBinding()
+        _bind_runs(team, binding)
+    _wrap_members(team, binding, base_url=base_url, manager_name=manager_name, team_name=type(team).__name__)
+    return team
+
+
+def named_clients(team: Any) -> dict[str, NamedModelClient]:
+    """The wrapped clients of a team, by agent name (what `wrap_team` did; for checks and debugging)."""
+    out: dict[str, NamedModelClient] = {}
+    for owner in _owners(team):
+        client = getattr(owner, _CLIENT_ATTR, None)
+        if isinstance(client, NamedModelClient):
+            out[client.agent] = client
+    return out
+
+
+def _owners(team: Any) -> list[Any]:
+    """The team itself, every participant, and the members of nested teams."""
+    out = [team]
+    for member in list(getattr(team, "_participants", None) or []):
+        out.extend(_owners(member))
+    inner = getattr(team, _TEAM_ATTR, None)
+    if inner is not None and inner is not team:
+        out.extend(_owners(inner))
+    return out
+
+
+def _wrap_members(team: Any, binding: EpisodeBinding, *, base_url: str | None, manager_name: str,
+                  team_name: str) -> None:
+    for owner in _owners(team):
+        client = getattr(owner, _CLIENT_ATTR, None)
+        if client is None:
+            continue
+        if not isinstance(client, ChatCompletionClient):
+            raise TypeError(f"{type(owner).__name__}.{_CLIENT_ATTR} is a {type(client).__name__}, not an AutoGen "
+                            "ChatCompletionClient; this AutoGen version is not supported by rllm_adapters.autogen")
+        is_team = hasattr(owner, "_participants")
+        name = manager_name if is_team else str(getattr(owner, "name", type(owner).__name__))
+        inner = client.inner if isinstance(client, NamedModelClient) else client
+        if base_url is not None:
+            inner = _repoint(inner, base_url)
+        setattr(owner, _CLIENT_ATTR, NamedModelClient(inner, agent=name, binding=binding, team=team_name))
+
+
+def _repoint(client: ChatCompletionClient, base_url: str) -> ChatCompletionClient:
+    """A copy of an OpenAI-compatible client sending to `base_url` (through AutoGen's public component API)."""
+    model = client.dump_component()
+    if "base_url" not in model.config and "model" not in model.config:
+        raise TypeError(
+            f"wrap_team(base_url=...) only re-points OpenAI-compatible clients, not {type(client).__name__}"
+        )
+    config = {**model.config, "base_url": base_url}
+    return type(client).load_component(model.model_copy(update={"config": config}))
+
+
+def _bind_runs(team: Any, binding: EpisodeBinding) -> None:
+    """Make `run_stream` (and `run` for agents, which does not go through it) bind the caller's episode."""
+    orig_stream = team.run_stream
+
+    @functools.wraps(orig_stream)
+    async def run_stream(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
+        ctx = current_episode() or open_adhoc_episode("autogen")
+        previous, binding.ctx = binding.ctx, ctx
+        error: BaseException | None = None
+        try:
+            async for item in orig_stream(*args, **kwargs):
+                yield item
+        except BaseException as exc:
+            error = exc
+            raise
+        finally:
+            binding.ctx = previous
+            _finish_adhoc(ctx, error)
+
+    team.run_stream = run_stream
+    if not hasattr(team, "_participants"):  # an agent: its run() calls on_messages, not run_stream
+        orig_run = team.run
+
+        @functools.wraps(orig_run)
+        async def run(*args: Any, **kwargs: Any) -> Any:
+            ctx = current_episode() or open_adhoc_episode("autogen")
+            previous, binding.ctx = binding.ctx, ctx
+            error: BaseException | None = None
+            try:
+                return await orig_run(*args, **kwargs)
+            except BaseException as exc:
+                error = exc
+                raise
+            finally:
+                binding.ctx = previous
+                _finish_adhoc(ctx, error)
+
+        team.run = run
+    setattr(team, _MARK, binding)
+
+
+def _finish_adhoc(ctx: EpisodeContext, error: BaseException | None) -> None:
+    if ctx.adhoc:
+        adhoc_episodes.append(finish_adhoc_episode(ctx, "autogen", repr(error) if error else None))
