@@ -1,0 +1,106 @@
+"""What a benchmark is: a named source of Tasks plus the grader for them and a rollout to attempt them.
+
+Subclasses implement `load` (rows → Tasks) and `grade` (a final response → RewardResult). `score` wraps
+`grade` with what is the same for every benchmark: an episode that errored or timed out is scored with that
+reason, and a wrong answer whose last LLM call hit its token limit is reported as `truncated`, so a summary
+tells "the model was cut off" from "the model was wrong".
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from typing import Any
+
+from rllm_core.errors import BenchmarkError
+from rllm_core.rewards.types import RewardResult
+from rllm_core.rollout import Rollout
+from rllm_core.types import Episode, Task
+
+__all__ = ["Benchmark", "last_finish_reason", "response_text"]
+
+
+def response_text(episode: Episode) -> str:
+    """The episode's final answer: `artifacts["answer"]` when the rollout set it, else the last call's text."""
+    answer = episode.artifacts.get("answer")
+    if isinstance(answer, str):
+        return answer
+    steps = episode.steps
+    return (steps[-1].text or "") if steps else ""
+
+
+def last_finish_reason(episode: Episode) -> str | None:
+    steps = episode.steps
+    return steps[-1].finish_reason if steps else None
+
+
+class Benchmark(ABC):
+    """A benchmark: `name`, `category`, `reward` (grader kind), `offline`, `load`, `score`, `default_rollout`."""
+
+    name: str
+    category: str
+    reward: str
+    description: str = ""
+    splits: tuple[str, ...] = ("test",)
+    source: str = ""
+    """Where the rows come from (a file layout, a Hub dataset id, a package)."""
+
+    @property
+    def offline(self) -> bool:
+        """True when this benchmark can load here without the Hugging Face Hub."""
+        return True
+
+    def rows(self, split: str = "test") -> int | None:
+        """How many rows `split` has, when known without loading it."""
+        return None
+
+    @abstractmethod
+    def load(self, split: str = "test", data_dir: str | None = None, max_examples: int | None = None,
+             seed: int = 0) -> list[Task]:
+        """The tasks of `split` (the first `max_examples` of them); procedural sets are generated from `seed`."""
+
+    @abstractmethod
+    def grade(self, task: Task, response: str) -> RewardResult:
+        """Grade one final response text for `task`."""
+
+    def reference_response(self, task: Task) -> str:
+        """A response that `grade` scores as correct (the gold answer, formatted as a model would give it)."""
+        return f"The answer is \\boxed{{{task.ground_truth}}}."
+
+    def score(self, task: Task, episode: Episode) -> RewardResult:
+        """Score a finished episode; never raises (a grader failure is scored as reason `error`)."""
+        if episode.termination_reason == "timeout":
+            return RewardResult.fail("timeout", note=episode.error or "")
+        if episode.error is not None or episode.termination_reason in ("error", "cancelled"):
+            return RewardResult.fail("error", note=(episode.error or "")[-500:])
+        try:
+            result = self.grade(task, response_text(episode))
+        except Exception as exc:
+            return RewardResult.fail("error", note=f"grader failed: {type(exc).__name__}: {exc}")
+        if not result.is_correct and last_finish_reason(episode) == "length":
+            return result.model_copy(update={"reason": "truncated", "reward": 0.0})
+        return result
+
+    def default_rollout(self) -> Rollout:
+        """One chat call with the task's instruction; the reply is the answer."""
+        from rllm_core.benchmarks.rollouts import single_turn
+
+        return single_turn
+
+    def info(self) -> dict[str, Any]:
+        """The row `rllm bench list --json` prints (rows of the test split, or of the only split there is)."""
+        split = "test" if "test" in self.splits else self.splits[0]
+        return {"name": self.name, "category": self.category, "rows": self.rows(split), "reward": self.reward,
+                "offline": self.offline, "splits": list(self.splits), "source": self.source}
+
+    # ---------------------------------------------------------------- helpers for subclasses
+    def _check_split(self, split: str) -> None:
+        if split not in self.splits:
+            raise BenchmarkError(f"benchmark {self.name!r} has no split {split!r}; its splits are {list(self.splits)}")
+
+    def _task(self, index: int, split: str, instruction: str | list[dict[str, Any]], ground_truth: Any,
+              **metadata: Any) -> Task:
+        return Task(id=f"{self.name}:{split}:{index}", instruction=instruction, ground_truth=ground_truth,
+                    benchmark=self.name, split=split, metadata=metadata)
+
+    def __repr__(self) -> str:
+        return f"<Benchmark {self.name} ({self.category}, {self.reward})>"

@@ -1,0 +1,25 @@
+"""The built-in benchmarks, in one list (the plugin module hands it to the registry)."""
+
+from __future__ import annotations
+
+from rllm_core.benchmarks.arithmetic import arithmetic_benchmarks
+from rllm_core.benchmarks.base import Benchmark
+from rllm_core.benchmarks.frozenlake import FrozenLake
+from rllm_core.benchmarks.hub_sets import hub_benchmarks
+from rllm_core.benchmarks.humaneval import HumanEval
+from rllm_core.benchmarks.math_sets import math_benchmarks
+from rllm_core.benchmarks.reasoning_gym_tasks import reasoning_gym_benchmarks
+
+__all__ = ["builtin_benchmarks"]
+
+
+def builtin_benchmarks() -> list[Benchmark]:
+    return [
+        *math_benchmarks(),
+        *hub_benchmarks(),
+        HumanEval(),
+        FrozenLake(4),
+        FrozenLake(8),
+        *arithmetic_benchmarks(),
+        *reasoning_gym_benchmarks(),
+    ]

@@ -1,0 +1,18 @@
+"""The default rollout of single-answer benchmarks: send the instruction, return the reply as the answer."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rllm_core.rollout import RolloutConfig, rollout
+from rllm_core.types import Task
+from rllm_core.workflows.chat import chat, make_client, task_messages
+
+__all__ = ["single_turn", "task_messages"]
+
+
+@rollout(name="solver")
+async def single_turn(task: Task, config: RolloutConfig) -> dict[str, Any]:
+    async with make_client(config) as client:
+        reply = await chat(client, config, task_messages(task))
+    return {"answer": reply.text, "finish_reason": reply.finish_reason}

@@ -1,0 +1,150 @@
+"""The rollout engine: run a rollout over tasks × attempts concurrently, score, never let one episode kill a run.
+
+Shared by `rllm eval` and training: training calls it with a benchmark's default rollout, n attempts per task
+and the policy server's base_url, and gets Episodes with rewards, reasons and per-role trajectory rewards.
+
+Scoring runs in worker threads (graders may run sandboxed code or sympy), off the event loop. A trajectory
+whose metadata carries its own `answer` (solver-judge, self-debate) is graded on that answer, so roles get
+their own rewards; other trajectories keep `reward=None` and take the episode's when grouped.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import traceback
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rllm_core.errors import ConfigError
+from rllm_core.rollout import Rollout, as_rollout
+from rllm_core.types import Episode, Task
+
+__all__ = ["EngineStats", "episode_token_counts", "run_episodes", "score_episode"]
+
+
+def episode_token_counts(episode: Episode) -> tuple[int, int]:
+    """(prompt tokens, completion tokens) over the episode's steps: token ids when present, else usage."""
+    prompt = completion = 0
+    for step in episode.steps:
+        usage = step.usage or {}
+        if step.completion_token_ids is not None:
+            completion += len(step.completion_token_ids)
+        else:
+            completion += int(usage.get("completion_tokens") or 0)
+        if step.prompt_token_ids is not None:
+            prompt += len(step.prompt_token_ids)
+        else:
+            prompt += int(usage.get("prompt_tokens") or 0)
+    return prompt, completion
+
+
+@dataclass
+class EngineStats:
+    """Running totals for the progress bar."""
+
+    done: int = 0
+    correct: int = 0
+    scored: int = 0
+    completion_tokens: int = 0
+    started: float = 0.0
+
+    def add(self, ep: Episode) -> None:
+        self.done += 1
+        if ep.is_correct is not None:
+            self.scored += 1
+            self.correct += int(ep.is_correct)
+        self.completion_tokens += episode_token_counts(ep)[1]
+
+    def line(self) -> str:
+        acc = f"acc {self.correct / self.scored:.3f}" if self.scored else "acc -"
+        rate = self.completion_tokens / max(time.monotonic() - self.started, 1e-6)
+        return f"{acc} · {rate:,.1f} tok/s"
+
+
+async def score_episode(benchmark: Any, task: Task, episode: Episode) -> Episode:
+    """Fill reward, reward_reason, is_correct (and per-role trajectory rewards); never raises."""
+    try:
+        result = await asyncio.to_thread(benchmark.score, task, episode)
+        episode.reward, episode.reward_reason, episode.is_correct = result.reward, result.reason, result.is_correct
+        episode.artifacts["grading"] = {"extracted": result.extracted, "details": result.details}
+        for traj in episode.trajectories:
+            answer = traj.metadata.get("answer")
+            if isinstance(answer, str) and episode.error is None:
+                graded = await asyncio.to_thread(benchmark.grade, task, answer)
+                traj.reward = graded.reward
+                traj.metadata["reward_reason"] = graded.reason
+    except Exception as exc:  # a broken grader scores the episode as an error, the run goes on
+        episode.reward, episode.reward_reason, episode.is_correct = 0.0, "error", False
+        episode.artifacts["grading"] = {"error": f"{type(exc).__name__}: {exc}"}
+    return episode
+
+
+def _failed_episode(task: Task, attempt: int, rollout: Rollout, exc: BaseException) -> Episode:
+    text = "".join(traceback.format_exception(exc))
+    return Episode(task=task, attempt=attempt, rollout=rollout.name, termination_reason="error", error=text)
+
+
+async def run_episodes(
+    rollout: Rollout | Callable[..., Any],
+    tasks: Sequence[Task],
+    *,
+    base_url: str | None = None,
+    model: str = "default",
+    gateway: Any = None,
+    attempts: int = 1,
+    concurrency: int = 16,
+    sampling: dict[str, Any] | None = None,
+    benchmark: Any = None,
+    timeout_s: float | None = None,
+    progress: bool = True,
+    api_key: str | None = None,
+    on_episode: Callable[[Episode], None] | None = None,
+    description: str | None = None,
+) -> list[Episode]:
+    """Run `rollout` on every task `attempts` times, at most `concurrency` at once; episodes in task order.
+
+    A crashing or timed-out episode is returned with its reason (scored `error` / `timeout` when a benchmark
+    is given), never raised. `on_episode` is called as each one finishes (e.g. to append it to a file).
+    """
+    if attempts < 1 or concurrency < 1:
+        raise ConfigError(f"attempts and concurrency must be at least 1 (got {attempts}, {concurrency})")
+    if base_url is None and gateway is None:
+        raise ConfigError("run_episodes needs base_url= (the model endpoint, ending in /v1) or gateway=")
+    ro = as_rollout(rollout)
+    jobs = [(task, a) for task in tasks for a in range(attempts)]
+    results: list[Episode | None] = [None] * len(jobs)
+    sem = asyncio.Semaphore(concurrency)
+    stats = EngineStats(started=time.monotonic())
+    bar = Progress(TextColumn("[bold]{task.description}"), BarColumn(), MofNCompleteColumn(),
+                   TextColumn("{task.fields[stats]}"), TimeElapsedColumn(), disable=not progress, transient=False)
+    bar_id = bar.add_task(description or ro.name, total=len(jobs), stats=stats.line())
+
+    async def one(i: int, task: Task, attempt: int) -> None:
+        async with sem:
+            try:
+                ep = await ro.arun(task, base_url=base_url, model=model, gateway=gateway, api_key=api_key,
+                                   timeout_s=timeout_s, attempt=attempt, sampling=sampling)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                ep = _failed_episode(task, attempt, ro, exc)
+            if benchmark is not None:
+                await score_episode(benchmark, task, ep)
+        results[i] = ep
+        stats.add(ep)
+        bar.update(bar_id, advance=1, stats=stats.line())
+        if on_episode is not None:
+            on_episode(ep)
+
+    with bar:
+        running = [asyncio.create_task(one(i, t, a)) for i, (t, a) in enumerate(jobs)]
+        try:
+            await asyncio.gather(*running)
+        finally:
+            for job in running:
+                job.cancel()
+    return [ep for ep in results if ep is not None]

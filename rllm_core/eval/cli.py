@@ -1,0 +1,54 @@
+"""`rllm eval BENCHMARK ...`: evaluate a model, your own rollout, or a workflow on a benchmark."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import typer
+
+from rllm_core.errors import RLLMError
+from rllm_core.eval.runner import EvalOptions, run_eval
+from rllm_core.eval.summary import print_summary
+
+__all__ = ["eval_command"]
+
+
+def eval_command(
+    benchmark: str = typer.Argument(..., help="Benchmark name (`rllm bench list`)."),
+    split: str = typer.Option("test", "--split", help="Split to evaluate."),
+    max_examples: int | None = typer.Option(None, "--max-examples", "-n", help="Only the first N tasks."),
+    base_url: str | None = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint ending in /v1."),
+    model: str | None = typer.Option(None, "--model", help="Model name at the endpoint (or a built-in embedded one)."),
+    api_key_env: str | None = typer.Option(None, "--api-key-env", help="Environment variable holding the API key."),
+    attempts: int = typer.Option(1, "--attempts", "-k", help="Attempts per task (pass@k)."),
+    concurrency: int = typer.Option(16, "--concurrency", "-c", help="Episodes in flight at once."),
+    agent: str | None = typer.Option(None, "--agent", help="Your @rllm.rollout as 'package.module:function'."),
+    workflow: str | None = typer.Option(None, "--workflow", help="refinement | solver-judge | self-debate."),
+    output: Path | None = typer.Option(None, "--output", "-o", help="Output folder (default rllm-runs/eval-...)."),
+    data_dir: Path | None = typer.Option(None, "--data-dir", help="Benchmark files folder (default $RLLM_DATA_DIR)."),
+    max_tokens: int = typer.Option(512, "--max-tokens", help="Max completion tokens per LLM call."),
+    temperature: float | None = typer.Option(None, "--temperature", help="Default 0 (1 with --attempts > 1)."),
+    timeout: float | None = typer.Option(None, "--timeout", help="Seconds per episode before it is stopped."),
+    seed: int = typer.Option(0, "--seed", help="Seed for generated benchmarks."),
+    no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
+) -> None:
+    """Evaluate on a benchmark; writes episodes.jsonl and summary.json, prints a short table."""
+    api_key = None
+    if api_key_env:
+        api_key = os.environ.get(api_key_env)
+        if not api_key:
+            typer.secho(f"error: --api-key-env {api_key_env}: that environment variable is not set",
+                        fg=typer.colors.RED, err=True)
+            raise typer.Exit(2)
+    try:
+        opts = EvalOptions(benchmark=benchmark, split=split, max_examples=max_examples, base_url=base_url,
+                           model=model, api_key=api_key, attempts=attempts, concurrency=concurrency, agent=agent,
+                           workflow=workflow, output=output, data_dir=data_dir, max_tokens=max_tokens,
+                           temperature=temperature, timeout_s=timeout, seed=seed, progress=not no_progress)
+        result = run_eval(opts)
+    except RLLMError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
+    print_summary(result.summary)
+    typer.echo(f"episodes: {result.episodes_path}\nsummary:  {result.summary_path}")

@@ -1,0 +1,87 @@
+"""Which model endpoint an eval talks to, checked before any episode starts.
+
+Order: `--base-url` · the model saved by `rllm model setup` · the embedded model, served by the local
+policy server for the duration of the run (`--model tiny-random` picks another built-in).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import Literal
+
+import httpx
+
+from rllm_core.errors import ConfigError, UpstreamError
+from rllm_core.model_config import DEFAULT_EMBEDDED, load_model_config
+
+__all__ = ["Endpoint", "check_reachable", "open_endpoint"]
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    base_url: str
+    model: str
+    api_key: str | None
+    source: Literal["flag", "config", "embedded"]
+
+
+def check_reachable(base_url: str, api_key: str | None = None, timeout_s: float = 5.0) -> list[str]:
+    """GET {base_url}/models; UpstreamError naming the URL when nothing answers or the key is refused.
+
+    Returns the model ids the endpoint lists (empty when it lists none or has no /models)."""
+    url = base_url.rstrip("/") + "/models"
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        resp = httpx.get(url, headers=headers, timeout=timeout_s)
+    except httpx.HTTPError as exc:
+        raise UpstreamError(
+            f"model endpoint {base_url} is not reachable ({type(exc).__name__}: {exc}). Start the server, fix "
+            "--base-url, or run `rllm model setup`; without either, `rllm eval` starts the embedded model."
+        ) from exc
+    if resp.status_code in (401, 403):
+        raise UpstreamError(f"model endpoint {base_url} refused the API key (HTTP {resp.status_code}); "
+                            "check the key's environment variable (`rllm model show`) or --api-key-env")
+    try:
+        return [str(m["id"]) for m in resp.json().get("data", []) if isinstance(m, dict) and "id" in m]
+    except (ValueError, AttributeError):
+        return []
+
+
+@contextmanager
+def open_endpoint(base_url: str | None, model: str | None, api_key: str | None = None,
+                  check: bool = True) -> Iterator[Endpoint]:
+    """Yield a reachable endpoint; an embedded server started here is stopped on exit."""
+    if base_url:
+        ep = Endpoint(base_url, model or "", api_key, "flag")
+    else:
+        cfg = load_model_config()
+        if cfg is not None and cfg.kind != "embedded":
+            assert cfg.base_url is not None  # checked when the config was loaded
+            ep = Endpoint(cfg.base_url, model or cfg.model, api_key or cfg.resolve_api_key(), "config")
+        else:
+            name = model or (cfg.model if cfg else DEFAULT_EMBEDDED)
+            with _embedded(name) as ep:
+                yield ep
+            return
+    served = check_reachable(ep.base_url, ep.api_key) if check else []
+    if not ep.model:  # --base-url without --model: the server's only (or first) model
+        ep = Endpoint(ep.base_url, served[0] if served else "default", ep.api_key, ep.source)
+    yield ep
+
+
+@contextmanager
+def _embedded(name: str) -> Iterator[Endpoint]:
+    try:
+        from rllm_backends.local_torch.serving import start_policy_server
+    except ImportError as exc:
+        raise ConfigError(
+            f"no --base-url and no configured model, and the embedded model cannot start ({exc}). "
+            "Install the local server with `pip install 'rllm[serve]'`, or pass --base-url."
+        ) from exc
+    server = start_policy_server(name)
+    try:
+        yield Endpoint(server.base_url, server.model_name, None, "embedded")
+    finally:
+        server.stop()

@@ -1,0 +1,105 @@
+"""What an eval run reports: accuracy, pass@k (unbiased estimator), mean reward, reasons, tokens, time.
+
+pass@k uses the unbiased estimator of Chen et al. (2021): with n attempts of which c are correct,
+pass@k = 1 - C(n-c, k) / C(n, k), averaged over tasks; reported for k = 1, 2, 4, ... up to the attempts.
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import BaseModel, Field
+from rich.console import Console
+from rich.table import Table
+
+from rllm_core.engine import episode_token_counts
+from rllm_core.types import Episode
+
+__all__ = ["EvalSummary", "pass_at_k", "print_summary", "summarize"]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k for one task: n attempts, c correct."""
+    if k > n:
+        raise ValueError(f"pass@{k} needs at least {k} attempts per task, got {n}")
+    if n - c < k:
+        return 1.0
+    prob_all_wrong = 1.0
+    for i in range(n - c + 1, n + 1):  # C(n-c, k) / C(n, k) as a stable product
+        prob_all_wrong *= 1.0 - k / i
+    return 1.0 - prob_all_wrong
+
+
+def _ks(n: int) -> list[int]:
+    ks, k = [], 1
+    while k <= n:
+        ks.append(k)
+        k *= 2
+    if n not in ks:
+        ks.append(n)
+    return ks
+
+
+class EvalSummary(BaseModel):
+    benchmark: str
+    split: str
+    model: str
+    base_url: str | None = None
+    n_tasks: int
+    n_episodes: int
+    attempts: int
+    accuracy: float
+    pass_at_k: dict[str, float] = Field(default_factory=dict)
+    mean_reward: float
+    reasons: dict[str, int] = Field(default_factory=dict)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    tokens_per_s: float = 0.0
+    wall_time_s: float = 0.0
+    errors: int = 0
+    config: dict[str, Any] = Field(default_factory=dict)
+
+
+def summarize(episodes: Sequence[Episode], *, benchmark: str, split: str, model: str, attempts: int,
+              wall_time_s: float, base_url: str | None = None, config: dict[str, Any] | None = None) -> EvalSummary:
+    by_task: dict[str, list[Episode]] = defaultdict(list)
+    for ep in episodes:
+        by_task[ep.task.id].append(ep)
+    n_eps = len(episodes)
+    correct = sum(1 for e in episodes if e.is_correct)
+    passk: dict[str, float] = {}
+    min_n = min((len(v) for v in by_task.values()), default=0)
+    for k in _ks(min_n):
+        vals = [pass_at_k(len(v), sum(1 for e in v if e.is_correct), k) for v in by_task.values()]
+        passk[f"pass@{k}"] = sum(vals) / len(vals)
+    prompt = completion = 0
+    for ep in episodes:
+        p, c = episode_token_counts(ep)
+        prompt, completion = prompt + p, completion + c
+    reasons = Counter(e.reward_reason or "unscored" for e in episodes)
+    return EvalSummary(
+        benchmark=benchmark, split=split, model=model, base_url=base_url, n_tasks=len(by_task), n_episodes=n_eps,
+        attempts=attempts, accuracy=correct / n_eps if n_eps else 0.0, pass_at_k=passk,
+        mean_reward=sum(e.reward or 0.0 for e in episodes) / n_eps if n_eps else 0.0,
+        reasons=dict(reasons.most_common()), prompt_tokens=prompt, completion_tokens=completion,
+        tokens_per_s=completion / wall_time_s if wall_time_s > 0 else 0.0, wall_time_s=wall_time_s,
+        errors=sum(1 for e in episodes if e.error is not None), config=dict(config or {}),
+    )
+
+
+def print_summary(summary: EvalSummary, console: Console | None = None) -> None:
+    table = Table(title=f"{summary.benchmark} ({summary.split}) · {summary.model}", show_header=False)
+    table.add_column("metric", style="bold")
+    table.add_column("value", justify="right")
+    table.add_row("tasks × attempts", f"{summary.n_tasks} × {summary.attempts}")
+    table.add_row("accuracy", f"{summary.accuracy:.3f}")
+    for k, v in summary.pass_at_k.items():
+        table.add_row(k, f"{v:.3f}")
+    table.add_row("mean reward", f"{summary.mean_reward:.3f}")
+    table.add_row("reasons", ", ".join(f"{r} {n}" for r, n in summary.reasons.items()))
+    table.add_row("tokens (prompt / completion)", f"{summary.prompt_tokens:,} / {summary.completion_tokens:,}")
+    table.add_row("completion tok/s", f"{summary.tokens_per_s:,.1f}")
+    table.add_row("wall time", f"{summary.wall_time_s:.1f} s")
+    (console or Console()).print(table)

@@ -1,0 +1,41 @@
+"""The outcome of grading one answer: a reward, the reason for it, and whether it counts as correct.
+
+Every grader in rllm returns a `RewardResult`, so an eval summary can break results down by reason and a
+trainer can tell "the model answered wrong" from "the output was cut off" or "the sandbox timed out".
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["REASONS", "RewardReason", "RewardResult"]
+
+RewardReason = Literal[
+    "correct", "wrong_answer", "no_answer_extracted", "format_error", "truncated", "timeout", "error"
+]
+REASONS: tuple[str, ...] = (
+    "correct", "wrong_answer", "no_answer_extracted", "format_error", "truncated", "timeout", "error"
+)
+
+
+class RewardResult(BaseModel):
+    """A graded answer. `reason` is one of REASONS; `details` keeps grader-specific extras (raw scores...)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    reward: float
+    reason: RewardReason
+    is_correct: bool
+    extracted: str | None = None
+    """The answer the grader extracted from the response, when it extracted one."""
+    details: dict[str, Any] = Field(default_factory=dict)
+
+    @classmethod
+    def correct(cls, extracted: str | None = None, **details: Any) -> RewardResult:
+        return cls(reward=1.0, reason="correct", is_correct=True, extracted=extracted, details=details)
+
+    @classmethod
+    def fail(cls, reason: RewardReason, extracted: str | None = None, **details: Any) -> RewardResult:
+        return cls(reward=0.0, reason=reason, is_correct=False, extracted=extracted, details=details)

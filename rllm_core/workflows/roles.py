@@ -1,0 +1,42 @@
+"""Role trajectories for multi-agent workflows.
+
+Several agents can play the same role in one episode (N solvers, two debaters). Each makes its calls under
+its own agent name (`solver#0`, `solver#1`) so the gateway keeps their steps apart; afterwards the
+trajectories are renamed to the role (`solver`) with the agent name and that agent's answer in metadata.
+Training then groups all solvers of a task together, and the engine grades each `answer` separately, so a
+solver and the judge that picked it get their own rewards.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rllm_core.rollout import Rollout
+from rllm_core.types import Episode, Task
+
+__all__ = ["ROLES_KEY", "RoleRollout", "agent_name", "assign_roles"]
+
+ROLES_KEY = "roles"
+"""The rollout returns artifacts[ROLES_KEY] = {agent name: {"role": ..., "answer": ..., ...}}."""
+
+
+def agent_name(role: str, index: int) -> str:
+    return f"{role}#{index}"
+
+
+def assign_roles(episode: Episode) -> Episode:
+    roles: dict[str, dict[str, Any]] = episode.artifacts.pop(ROLES_KEY, None) or {}
+    for traj in episode.trajectories:
+        spec = roles.get(traj.name)
+        if spec is None:
+            continue
+        traj.metadata.update({"agent": traj.name, **{k: v for k, v in spec.items() if k != "role"}})
+        traj.name = str(spec.get("role", traj.name))
+    return episode
+
+
+class RoleRollout(Rollout):
+    """A rollout whose trajectories are renamed from agent names to roles once the episode is built."""
+
+    async def arun(self, task: Task | dict[str, Any], **kwargs: Any) -> Episode:  # type: ignore[override]
+        return assign_roles(await super().arun(task, **kwargs))

@@ -1,0 +1,59 @@
+"""Solver-judge: N solvers answer independently, a judge picks the best answer.
+
+Trajectories: `solver` (one per solver, metadata `answer`) and `judge` (metadata `answer` = the pick), so
+with a benchmark each solver is rewarded for its own answer and the judge for the answer it chose.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import re
+from typing import Any
+
+from rllm_core.context import agent_scope
+from rllm_core.rollout import RolloutConfig
+from rllm_core.types import Task
+from rllm_core.workflows.chat import chat, make_client, task_messages
+from rllm_core.workflows.roles import ROLES_KEY, RoleRollout, agent_name
+
+__all__ = ["parse_pick", "solver_judge"]
+
+
+def parse_pick(text: str, n: int) -> int | None:
+    """The judge's choice as a 0-based index: the last "Solution k" / bare number in 1..n."""
+    found = re.findall(r"(?:solution|answer|candidate)?\s*#?\s*(\d+)", text or "", flags=re.IGNORECASE)
+    for tok in reversed(found):
+        k = int(tok)
+        if 1 <= k <= n:
+            return k - 1
+    return None
+
+
+def _judge_prompt(task: Task, answers: list[str]) -> str:
+    parts = [f"Problem:\n{task.instruction}\n", "Candidate solutions:"]
+    parts += [f"\nSolution {i + 1}:\n{a.strip()}" for i, a in enumerate(answers)]
+    parts += [f"\nWhich solution is correct? Reply with 'Solution k' for k between 1 and {len(answers)}."]
+    return "\n".join(parts)
+
+
+def solver_judge(n_solvers: int = 2) -> RoleRollout:
+    if n_solvers < 1:
+        raise ValueError("solver_judge needs at least one solver")
+
+    async def run(task: Task, config: RolloutConfig) -> dict[str, Any]:
+        async with make_client(config) as client:
+
+            async def solve(i: int) -> str:
+                with agent_scope(agent_name("solver", i)):
+                    return (await chat(client, config, task_messages(task))).text
+
+            answers = list(await asyncio.gather(*(solve(i) for i in range(n_solvers))))
+            with agent_scope("judge"):
+                verdict = await chat(client, config, [{"role": "user", "content": _judge_prompt(task, answers)}])
+        pick = parse_pick(verdict.text, n_solvers)
+        chosen = answers[pick if pick is not None else 0]
+        roles = {agent_name("solver", i): {"role": "solver", "answer": a, "index": i} for i, a in enumerate(answers)}
+        roles["judge"] = {"role": "judge", "answer": chosen, "pick": pick, "verdict": verdict.text}
+        return {"answer": chosen, "candidates": answers, "pick": pick, ROLES_KEY: roles}
+
+    return RoleRollout(run, name="solver_judge")

@@ -1,0 +1,207 @@
+"""Every offline benchmark loads rows and grades its gold answer 1.0 and a wrong one 0.0; bad input is explained."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from rllm_core.benchmarks import Benchmark, get_benchmark, list_benchmarks
+from rllm_core.errors import BenchmarkError
+from rllm_core.types import Episode, Step, Task, Trajectory
+
+FILE_SETS = ["gsm8k", "math500", "aime24", "amc23", "minerva_math", "olympiadbench", "svamp", "asdiv", "mawps"]
+
+
+@pytest.fixture(autouse=True)
+def _data_dir(shared_data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RLLM_DATA_DIR", str(shared_data_dir))
+
+
+def _offline_names() -> list[str]:
+    import os
+
+    from tests.conftest import SHARED_DATA
+
+    os.environ.setdefault("RLLM_DATA_DIR", str(SHARED_DATA))
+    return [b.name for b in list_benchmarks() if b.offline]
+
+
+def _wrong(bench: Benchmark, task: Task) -> str:
+    if bench.reward == "multiple_choice":
+        return "The answer is (A)." if task.ground_truth != "A" else "The answer is (B)."
+    if bench.category == "code":
+        return "```python\ndef nothing():\n    return None\n```"
+    if bench.name.startswith("frozenlake"):
+        return "UP"  # from the start (top-left) UP is a wall: never reaches the goal
+    if bench.reward == "reasoning_gym":
+        return "<answer>zzz not it</answer>"
+    return "The answer is \\boxed{-987654.321}."
+
+
+def test_registry_counts() -> None:
+    benches = list_benchmarks()
+    assert len(benches) >= 60
+    assert sum(b.offline for b in benches) >= 15
+    names = {b.name for b in benches}
+    assert {"gsm8k", "humaneval", "frozenlake", "countdown", "basic_arithmetic", "arithmetic",
+            "arithmetic-2digit", "mmlu_pro", "gpqa_diamond", "mbpp", "livecodebench", "finqa"} <= names
+    for b in benches:
+        info = b.info()
+        assert {"name", "category", "rows", "reward", "offline"} <= set(info)
+
+
+@pytest.mark.parametrize("name", _offline_names())
+def test_offline_benchmark_gold_and_wrong(name: str) -> None:
+    bench = get_benchmark(name)
+    tasks = bench.load(split="test", max_examples=2)
+    assert len(tasks) == 2
+    for task in tasks:
+        assert task.instruction and task.benchmark == name
+        gold = bench.grade(task, bench.reference_response(task))
+        assert (gold.reward, gold.reason, gold.is_correct) == (1.0, "correct", True), (task.id, gold)
+        wrong = bench.grade(task, _wrong(bench, task))
+        assert wrong.reward == 0.0 and not wrong.is_correct, (task.id, wrong)
+        assert wrong.reason in ("wrong_answer", "format_error"), wrong
+        assert Task.model_validate_json(task.model_dump_json()) == task  # tasks round-trip through JSONL
+
+
+def test_file_sets_are_offline_and_sized(shared_data_dir: Path) -> None:
+    for name in FILE_SETS:
+        bench = get_benchmark(name)
+        assert bench.offline
+        assert bench.rows("test") == len((shared_data_dir / name / "test.jsonl").read_text().splitlines())
+    assert get_benchmark("gsm8k").rows("train") == 7473
+    gold = get_benchmark("gsm8k").load(max_examples=1)[0].ground_truth
+    assert gold == "18"
+
+
+def test_unknown_benchmark_suggests_close_names() -> None:
+    with pytest.raises(BenchmarkError, match=r"gsm8k") as err:
+        get_benchmark("gsm8")
+    assert "rllm bench list" in str(err.value)
+    assert get_benchmark("GSM8K").name == "gsm8k"
+
+
+def test_missing_file_and_bad_fields(tmp_path: Path) -> None:
+    (tmp_path / "gsm8k").mkdir()
+    (tmp_path / "gsm8k" / "test.jsonl").write_text(json.dumps({"question": "1+1?", "answer": "#### 2"}) + "\n"
+                                                   + json.dumps({"prompt": "2+2?", "answer": "#### 4"}) + "\n")
+    with pytest.raises(BenchmarkError) as err:
+        get_benchmark("gsm8k").load(data_dir=str(tmp_path))
+    msg = str(err.value)
+    assert "test.jsonl:2" in msg and "'question'" in msg and "prompt" in msg
+    with pytest.raises(BenchmarkError, match="does not exist"):
+        get_benchmark("gsm8k").load(data_dir=str(tmp_path / "nope"))
+    with pytest.raises(BenchmarkError, match="no split 'validation'"):
+        get_benchmark("gsm8k").load(split="validation")
+
+
+def test_hub_only_offline_names_dataset_and_local_layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_DATASETS_OFFLINE", "1")
+    monkeypatch.setenv("RLLM_DATA_DIR", str(tmp_path))
+    bench = get_benchmark("mmlu_pro")
+    assert not bench.offline
+    with pytest.raises(BenchmarkError) as err:
+        bench.load(max_examples=2)
+    msg = str(err.value)
+    assert "TIGER-Lab/MMLU-Pro" in msg and "mmlu_pro/test.jsonl" in msg and "RLLM_DATA_DIR" in msg
+    # The same entry runs from local files in the documented layout.
+    (tmp_path / "mmlu_pro").mkdir()
+    row = {"question": "2+2?", "options": ["3", "4", "5"], "answer": "B"}
+    (tmp_path / "mmlu_pro" / "test.jsonl").write_text(json.dumps(row) + "\n")
+    task = bench.load()[0]
+    assert "B) 4" in str(task.instruction)
+    assert bench.grade(task, "The answer is (B)").is_correct
+    assert bench.grade(task, "no letter here").reason == "no_answer_extracted"
+
+
+def test_arithmetic_levels_and_disjoint_splits() -> None:
+    bench = get_benchmark("arithmetic")
+    train, test = bench.load("train"), bench.load("test")
+    assert len(train) + len(test) == 100
+    assert not {t.instruction for t in train} & {t.instruction for t in test}
+    assert test[0].instruction.startswith("What is ") and test[0].instruction.endswith("Answer with just the number.")
+    assert bench.load("test", seed=1) != bench.load("test", seed=2)
+    first = test[0]
+    assert bench.grade(first, f"{first.metadata['a']} + {first.metadata['b']} = {first.ground_truth}").is_correct
+    two = get_benchmark("arithmetic-2digit").load("train", max_examples=5)
+    assert all(10 <= t.metadata["a"] <= 99 for t in two)
+
+
+def test_score_reasons_from_episode() -> None:
+    bench = get_benchmark("arithmetic")
+    task = bench.load(max_examples=1)[0]
+
+    def ep(text: str, finish: str = "stop", **kw: object) -> Episode:
+        step = Step(text=text, finish_reason=finish)
+        return Episode(task=task, trajectories=[Trajectory(steps=[step])], **kw)  # type: ignore[arg-type]
+
+    assert bench.score(task, ep(task.ground_truth)).reason == "correct"
+    assert bench.score(task, ep("I think")).reason == "no_answer_extracted"
+    assert bench.score(task, ep("It is 1234", finish="length")).reason == "truncated"
+    assert bench.score(task, ep("", termination_reason="timeout", error="slow")).reason == "timeout"
+    assert bench.score(task, ep("", termination_reason="error", error="boom")).reason == "error"
+    ok = ep("x", artifacts={"answer": task.ground_truth})
+    assert bench.score(task, ok).is_correct
+
+
+def test_frozenlake_plan_and_reasons() -> None:
+    bench = get_benchmark("frozenlake")
+    task = bench.load("train", max_examples=1)[0]
+    assert "P" in str(task.instruction)
+    assert bench.grade(task, "LEFT").reason == "wrong_answer"
+    assert bench.grade(task, "I don't know").reason == "no_answer_extracted"
+    assert bench.score(task, Episode(task=task, artifacts={"outcome": "format", "actions": [], "invalid_moves": 3})
+                       ).reason == "format_error"
+
+
+def test_public_surface() -> None:
+    import rllm_core.benchmarks as benchmarks
+    import rllm_core.engine as engine
+    import rllm_core.eval as evaluation
+    import rllm_core.rewards as rewards
+    import rllm_core.workflows as workflows
+
+    assert {"Benchmark", "get_benchmark", "list_benchmarks", "RewardResult"} <= set(benchmarks.__all__)
+    assert {"run_episodes", "score_episode"} <= set(engine.__all__)
+    assert {"grade_math", "grade_choice", "grade_code", "run_python", "RewardResult", "REASONS"} <= set(rewards.__all__)
+    assert {"solver_judge", "iterative_refinement", "self_debate", "get_workflow"} <= set(workflows.__all__)
+    assert {"run_eval", "EvalOptions", "pass_at_k", "summarize", "load_agent"} <= set(evaluation.__all__)
+    for mod in (benchmarks, engine, evaluation, rewards, workflows):
+        assert all(hasattr(mod, name) for name in mod.__all__)
+
+
+def test_third_party_benchmark_through_the_hook() -> None:
+    from rllm_core.hookspecs import hookimpl
+    from rllm_core.plugins import get_plugin_manager, reset_plugin_manager
+    from rllm_core.rewards import RewardResult
+
+    class Echo(Benchmark):
+        name, category, reward = "echo-test", "demo", "exact"
+
+        def load(self, split: str = "test", data_dir: str | None = None, max_examples: int | None = None,
+                 seed: int = 0) -> list[Task]:
+            return [self._task(0, split, "say hi", "hi")]
+
+        def grade(self, task: Task, response: str) -> RewardResult:
+            return RewardResult.correct(response) if response.strip() == task.ground_truth else \
+                RewardResult.fail("wrong_answer", response)
+
+    class Plugin:
+        @hookimpl
+        def rllm_register_benchmarks(self) -> list[Benchmark]:
+            return [Echo()]
+
+    reset_plugin_manager()
+    try:
+        get_plugin_manager().register(Plugin(), name="echo-plugin")
+        bench = get_benchmark("echo-test")
+        assert bench.grade(bench.load()[0], "hi").is_correct
+        assert len(list_benchmarks()) >= 61
+    finally:
+        reset_plugin_manager()
+    with pytest.raises(BenchmarkError):
+        get_benchmark("echo-test")

@@ -1,0 +1,86 @@
+"""`rllm model setup` / `show`: flags and prompts, where the file goes, keys kept out of it unless asked."""
+
+from __future__ import annotations
+
+import json
+import stat
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rllm_core.cli.app import build_app
+from rllm_core.errors import ConfigError, UpstreamError
+from rllm_core.eval.endpoint import open_endpoint
+from rllm_core.model_config import ModelConfig, config_path, load_model_config, save_model_config
+
+runner = CliRunner()
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("RLLM_HOME", str(tmp_path / "home"))
+    return tmp_path / "home"
+
+
+def test_config_path_rllm_home_then_xdg(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert config_path() == tmp_path / "home" / "config.json"
+    monkeypatch.delenv("RLLM_HOME")
+    monkeypatch.setenv("XDG_CONFIG_HOME", str(tmp_path / "xdg"))
+    assert config_path() == tmp_path / "xdg" / "rllm" / "config.json"
+
+
+def test_setup_with_flags_keeps_key_out_of_file(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("MY_KEY", "sk-secret-1234")
+    res = runner.invoke(build_app(), ["model", "setup", "--kind", "api", "--base-url", "https://api.example.com/v1",
+                                      "--model", "gpt-x", "--api-key-env", "MY_KEY"])
+    assert res.exit_code == 0, res.output
+    text = config_path().read_text()
+    assert "sk-secret" not in text
+    cfg = load_model_config()
+    assert cfg is not None and cfg.kind == "api" and cfg.resolve_api_key() == "sk-secret-1234"
+    shown = runner.invoke(build_app(), ["model", "show", "--json"])
+    info = json.loads(shown.output)
+    assert info["api_key"] == "from $MY_KEY (set)" and "sk-secret" not in shown.output
+
+
+def test_setup_interactive_prompts() -> None:
+    res = runner.invoke(build_app(), ["model", "setup"], input="2\nhttp://127.0.0.1:8000/v1\nmy-model\n")
+    assert res.exit_code == 0, res.output
+    cfg = load_model_config()
+    assert cfg == ModelConfig(kind="server", base_url="http://127.0.0.1:8000/v1", model="my-model")
+
+
+def test_store_key_only_when_asked() -> None:
+    res = runner.invoke(build_app(), ["model", "setup", "--kind", "api", "--base-url", "https://x.example/v1",
+                                      "--model", "m", "--store-key"], input="sk-stored-9999\n")
+    assert res.exit_code == 0, res.output
+    assert "sk-stored-9999" in config_path().read_text()
+    assert stat.S_IMODE(config_path().stat().st_mode) == 0o600
+    shown = runner.invoke(build_app(), ["model", "show"])
+    assert "sk-stored-9999" not in shown.output and "****9999" in shown.output
+
+
+def test_bad_setup_and_bad_file(_home: Path) -> None:
+    res = runner.invoke(build_app(), ["model", "setup", "--kind", "server", "--model", "m"])
+    assert res.exit_code == 2 and "--base-url" in res.output
+    res = runner.invoke(build_app(), ["model", "setup", "--kind", "cloud"])
+    assert res.exit_code == 2 and "embedded, server or api" in res.output
+    _home.mkdir(parents=True, exist_ok=True)
+    (_home / "config.json").write_text("{not json")
+    with pytest.raises(ConfigError, match=r"config\.json cannot be read"):
+        load_model_config()
+
+
+def test_show_when_unconfigured() -> None:
+    res = runner.invoke(build_app(), ["model", "show", "--json"])
+    assert res.exit_code == 0 and json.loads(res.output)["configured"] is False
+
+
+def test_eval_endpoint_uses_configured_server(fake_upstream) -> None:  # type: ignore[no-untyped-def]
+    save_model_config(ModelConfig(kind="server", base_url=fake_upstream.base_url, model="served"))
+    with open_endpoint(None, None) as ep:
+        assert (ep.base_url, ep.model, ep.source) == (fake_upstream.base_url, "served", "config")
+    save_model_config(ModelConfig(kind="server", base_url="http://127.0.0.1:9/v1", model="x"))
+    with pytest.raises(UpstreamError, match=r"127\.0\.0\.1:9/v1 is not reachable"), open_endpoint(None, None):
+        pass

@@ -1,0 +1,91 @@
+"""Each workflow runs end to end against the fake upstream and yields its named role trajectories."""
+
+from __future__ import annotations
+
+import re
+from typing import Any
+
+import pytest
+
+from rllm_core.benchmarks import get_benchmark
+from rllm_core.engine import run_episodes
+from rllm_core.errors import ConfigError
+from rllm_core.testing.fake_upstream import start_fake_upstream
+from rllm_core.types import group_trajectories
+from rllm_core.workflows import get_workflow, iterative_refinement, self_debate, solver_judge
+from rllm_core.workflows.solver_judge import parse_pick
+
+
+def _role_responder(body: dict[str, Any]) -> str:
+    """Solvers: the first says the right sum, the second a wrong one (told apart by call count); the judge
+    picks Solution 1; critics and moderators answer with the right number too."""
+    text = body["messages"][-1]["content"]
+    if "Which solution is correct" in text:
+        return "Solution 1"
+    m = re.search(r"What is (\d+) \+ (\d+)", str(body["messages"]))
+    right = int(m.group(1)) + int(m.group(2)) if m else 0
+    _role_responder.calls += 1  # type: ignore[attr-defined]
+    if "Final answers of the debate" in text or "Check the answer" in text or "reviewer commented" in text:
+        return f"{right}"
+    return f"{right}" if _role_responder.calls % 2 else f"{right + 1}"  # type: ignore[attr-defined]
+
+
+@pytest.fixture
+def arith() -> tuple[Any, list[Any]]:
+    bench = get_benchmark("arithmetic")
+    return bench, bench.load("test", max_examples=2)
+
+
+async def test_solver_judge(arith: tuple[Any, list[Any]]) -> None:
+    bench, tasks = arith
+    _role_responder.calls = 0  # type: ignore[attr-defined]
+    with start_fake_upstream(_role_responder) as up:
+        eps = await run_episodes(solver_judge(n_solvers=2), tasks, base_url=up.base_url, benchmark=bench,
+                                 progress=False, concurrency=1)
+    for ep in eps:
+        names = sorted(t.name for t in ep.trajectories)
+        assert names == ["judge", "solver", "solver"]
+        solvers = [t for t in ep.trajectories if t.name == "solver"]
+        assert sorted(t.metadata["agent"] for t in solvers) == ["solver#0", "solver#1"]
+        assert all(len(t.steps) == 1 and t.steps[0].trainable for t in ep.trajectories)
+        assert sorted(t.reward for t in solvers) == [0.0, 1.0]  # each solver graded on its own answer
+        judge = ep.trajectory("judge")
+        assert ep.artifacts["pick"] == 0 and judge.reward == ep.reward
+    groups = {g.role: g for g in group_trajectories(eps)}
+    assert len(groups["solver"].trajectories) == 2 and set(groups) == {"solver", "judge"}
+
+
+async def test_refinement(arith: tuple[Any, list[Any]]) -> None:
+    bench, tasks = arith
+    _role_responder.calls = 0  # type: ignore[attr-defined]
+    with start_fake_upstream(_role_responder) as up:
+        eps = await run_episodes(iterative_refinement(rounds=2), tasks, base_url=up.base_url, benchmark=bench,
+                                 progress=False)
+    for ep in eps:
+        assert len(ep.trajectory("solver").steps) == 3 and len(ep.trajectory("critic").steps) == 2
+        assert len(ep.artifacts["rounds"]) == 2
+        assert ep.reward_reason == "correct"
+        solver_steps = ep.trajectory("solver").steps
+        assert len(solver_steps[-1].messages or []) == 5  # the revision sees answer + critique history
+
+
+async def test_self_debate(arith: tuple[Any, list[Any]]) -> None:
+    bench, tasks = arith
+    _role_responder.calls = 0  # type: ignore[attr-defined]
+    with start_fake_upstream(_role_responder) as up:
+        eps = await run_episodes(self_debate(n_agents=3, rounds=2), tasks, base_url=up.base_url,
+                                 benchmark=bench, progress=False)
+    for ep in eps:
+        debaters = [t for t in ep.trajectories if t.name == "debater"]
+        assert len(debaters) == 3 and all(len(t.steps) == 2 for t in debaters)
+        assert all(t.reward is not None for t in debaters)
+        assert len(ep.trajectory("moderator").steps) == 1
+        assert len(ep.artifacts["transcript"]) == 2 and ep.reward_reason == "correct"
+
+
+def test_get_workflow_and_parse_pick() -> None:
+    assert get_workflow("solver_judge").name == "solver_judge"
+    with pytest.raises(ConfigError, match="solver-judge"):
+        get_workflow("judge-only")
+    assert parse_pick("I pick Solution 2.", 3) == 1
+    assert parse_pick("none", 3) is None
