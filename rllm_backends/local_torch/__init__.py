@@ -1,0 +1,1 @@
+"""The local torch backend: an in-process policy server (`serving/`) and trainer, on CPU or one GPU."""

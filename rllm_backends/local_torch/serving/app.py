@@ -1,0 +1,215 @@
+"""The HTTP side of the policy server: an aiohttp app over a DecodeEngine.
+
+Handlers only validate, tokenize, submit and relay: decoding happens on the engine's thread, and its events
+come back to the event loop through `call_soon_threadsafe`, so the loop never blocks on the model. A client
+that disconnects cancels its request (aiohttp's handler cancellation, or a failed write while streaming),
+and the engine frees its rows before the next decode step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from typing import Any
+
+from aiohttp import web
+from pydantic import ValidationError
+
+from rllm_backends.local_torch.serving.engine import DecodeEngine
+from rllm_backends.local_torch.serving.protocol import (
+    ChatRequest,
+    CompletionRequest,
+    RequestError,
+    describe_validation_error,
+    sampling_params,
+)
+from rllm_backends.local_torch.serving.responses import ChoiceResult, ResponseBuilder
+from rllm_backends.local_torch.serving.sequence import GenerationRequest, TokenEvent
+
+__all__ = ["MODEL_ALIASES", "make_app"]
+
+log = logging.getLogger("rllm.serving.app")
+
+MODEL_ALIASES = ("default",)
+"""Model names accepted besides the served one (rllm's engine sends "default" when it is not told a name)."""
+
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/completions; chat uses the context room
+
+
+class _Handlers:
+    def __init__(self, engine: DecodeEngine, model_name: str) -> None:
+        self.engine = engine
+        self.tokenizer = engine.loaded.tokenizer
+        self.model_name = model_name
+        self.ctx = engine.loaded.context_length
+        template = getattr(self.tokenizer, "chat_template", None) or ""
+        self.template = template if isinstance(template, str) else json.dumps(template)
+        self.supports_tools = "tools" in self.template
+
+    # ------------------------------------------------------------------ small endpoints
+    async def health(self, request: web.Request) -> web.Response:
+        return web.json_response({"status": "ok", "model": self.model_name, "policy_version":
+                                  self.engine.policy_version, "running": self.engine.running,
+                                  "waiting": self.engine.waiting})
+
+    async def models(self, request: web.Request) -> web.Response:
+        return web.json_response({"object": "list", "data": [{
+            "id": self.model_name, "object": "model", "created": 0, "owned_by": "rllm",
+            "max_model_len": self.ctx, "policy_version": self.engine.policy_version}]})
+
+    # ------------------------------------------------------------------ request parsing
+    async def _parse(self, request: web.Request, kind: type[ChatRequest] | type[CompletionRequest]) -> Any:
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise RequestError("the request body is not valid JSON") from None
+        if not isinstance(body, dict):
+            raise RequestError("the request body must be a JSON object")
+        try:
+            req = kind.model_validate(body)
+        except ValidationError as exc:
+            raise describe_validation_error(exc) from None
+        if req.model is not None and req.model not in (self.model_name, *MODEL_ALIASES):
+            raise RequestError(f"model {req.model!r} is not served here; this server serves {self.model_name!r} "
+                               f"(GET /v1/models lists it)", status=404, param="model")
+        return req
+
+    def _chat_prompt(self, req: ChatRequest) -> list[int]:
+        if req.tools and not self.supports_tools:
+            raise RequestError(f"the chat template of {self.model_name!r} does not support tools; drop 'tools' or "
+                               "serve a model whose template handles them (e.g. Qwen2.5-Instruct)", param="tools")
+        messages = [_plain_message(m) for m in req.messages]
+        kwargs = dict(req.chat_template_kwargs or {})
+        if req.tools:
+            kwargs["tools"] = req.tools
+        try:
+            text = self.tokenizer.apply_chat_template(messages, tokenize=False,
+                                                      add_generation_prompt=req.add_generation_prompt, **kwargs)
+        except Exception as exc:
+            raise RequestError(f"the chat template could not render these messages: {exc}", param="messages") from None
+        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+    def _completion_prompt(self, req: CompletionRequest) -> list[int]:
+        if req.echo:
+            raise RequestError("echo=true is not supported by this server; the prompt ids come back as "
+                               "prompt_token_ids when you send return_token_ids=true", param="echo")
+        prompt = req.single_prompt
+        ids = list(self.tokenizer(prompt)["input_ids"]) if isinstance(prompt, str) else list(prompt)
+        if not ids:
+            raise RequestError("the prompt is empty; send some text or token ids", param="prompt")
+        vocab = len(self.tokenizer)
+        bad = [t for t in ids if not 0 <= t < vocab]
+        if bad:
+            raise RequestError(f"prompt token ids must be in [0, {vocab}); got {bad[:5]}", param="prompt")
+        return ids
+
+    # ------------------------------------------------------------------ generation
+    async def chat(self, request: web.Request) -> web.StreamResponse:
+        req: ChatRequest = await self._parse(request, ChatRequest)
+        prompt_ids = self._chat_prompt(req)
+        builder = ResponseBuilder(self.tokenizer, self.model_name, True, prompt_ids, req.return_token_ids,
+                                  req.logprobs, parse_tools=bool(req.tools))
+        return await self._generate(request, req, prompt_ids, builder, None)
+
+    async def completions(self, request: web.Request) -> web.StreamResponse:
+        req: CompletionRequest = await self._parse(request, CompletionRequest)
+        prompt_ids = self._completion_prompt(req)
+        builder = ResponseBuilder(self.tokenizer, self.model_name, False, prompt_ids, req.return_token_ids,
+                                  req.want_logprobs)
+        return await self._generate(request, req, prompt_ids, builder, COMPLETIONS_DEFAULT_MAX_TOKENS)
+
+    async def _generate(self, request: web.Request, req: ChatRequest | CompletionRequest, prompt_ids: list[int],
+                        builder: ResponseBuilder, default_max: int | None) -> web.StreamResponse:
+        params = sampling_params(req, len(prompt_ids), self.ctx, default_max)
+        loop = asyncio.get_running_loop()
+        queue: asyncio.Queue[TokenEvent] = asyncio.Queue()
+
+        def sink(ev: TokenEvent) -> None:
+            loop.call_soon_threadsafe(queue.put_nowait, ev)
+
+        gen = GenerationRequest(prompt_ids, params, sink, n=req.n, request_id=builder.id)
+        self.engine.submit(gen)
+        try:
+            if req.stream:
+                return await self._stream(request, req, gen, queue, builder)
+            results = [ChoiceResult(i) for i in range(req.n)]
+            pending = req.n
+            while pending:
+                ev = await queue.get()
+                results[ev.choice].add(ev)
+                pending -= ev.finish_reason is not None
+            failed = [r.error for r in results if r.finish_reason in ("error", "abort")]
+            if failed:
+                return _error(500, f"generation failed: {failed[0]}")
+            return web.json_response(builder.full(results))
+        finally:
+            gen.cancel()  # no-op once finished; frees the rows at once when the client went away
+
+    async def _stream(self, request: web.Request, req: ChatRequest | CompletionRequest, gen: GenerationRequest,
+                      queue: asyncio.Queue[TokenEvent], builder: ResponseBuilder) -> web.StreamResponse:
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
+        await resp.prepare(request)
+        pending, produced, version = req.n, 0, None
+        while pending:
+            ev = await queue.get()
+            if version is None:  # the first chunk waits for the engine: it reports the version actually used
+                first = builder.first_chunk(req.n, ev.policy_version)
+                if first:
+                    await resp.write(first)
+            version = ev.policy_version
+            if ev.error is not None and ev.finish_reason in ("error", "abort"):
+                await resp.write(builder.error_chunk(f"generation failed: {ev.error}"))
+            if ev.token_id is not None:
+                produced += 1
+                await resp.write(builder.token_chunk(ev))
+            if ev.finish_reason is not None:
+                pending -= 1
+                await resp.write(builder.finish_chunk(ev.choice, ev.finish_reason, version))
+        if req.include_usage:
+            await resp.write(builder.usage_chunk(produced, version or 0))
+        await resp.write(b"data: [DONE]\n\n")
+        await resp.write_eof()
+        return resp
+
+
+def _plain_message(m: dict[str, Any]) -> dict[str, Any]:
+    """Content parts joined into text and None content made "" so simple chat templates can render them."""
+    out = dict(m)
+    content = out.get("content")
+    if isinstance(content, list):
+        out["content"] = "".join(p.get("text", "") for p in content if isinstance(p, dict))
+    elif content is None:
+        out["content"] = ""
+    return out
+
+
+def _error(status: int, message: str, param: str | None = None) -> web.Response:
+    return web.json_response(RequestError(message, status, param).body(), status=status)
+
+
+@web.middleware
+async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    """RequestErrors become OpenAI-shaped 4xx bodies; anything unexpected a 500, and the server keeps going."""
+    try:
+        return await handler(request)
+    except RequestError as exc:
+        return web.json_response(exc.body(), status=exc.status)
+    except web.HTTPException:
+        raise
+    except (asyncio.CancelledError, ConnectionResetError):
+        raise
+    except Exception as exc:
+        log.exception("request failed")
+        return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+def make_app(engine: DecodeEngine, model_name: str) -> web.Application:
+    """The aiohttp application serving `engine` as `model_name` (OpenAI + vLLM fields)."""
+    h = _Handlers(engine, model_name)
+    app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_errors])
+    app.router.add_post("/v1/chat/completions", h.chat)
+    app.router.add_post("/v1/completions", h.completions)
+    app.router.add_get("/v1/models", h.models)
+    app.router.add_get("/health", h.health)
+    return app

@@ -1,0 +1,299 @@
+"""Continuous batched decoding on one dedicated thread.
+
+Every running choice is one row of a single left-padded KV cache. Between decode steps, finished or
+cancelled rows leave (their cache rows are dropped) and waiting requests join: each new prompt is prefilled
+alone (no padding, so no fully-masked rows and no NaNs), its cache repeated for `n` choices, then zero-padded
+on the left and concatenated to the running cache. A decode step feeds one token per row with an attention
+mask over the real positions and explicit position ids (number of real tokens so far), so a row's numbers do
+not depend on what else is in the batch.
+
+Weight updates drain: `update_weights` stops admissions, lets the running sequences finish on the weights they
+started with, swaps in place, bumps `policy_version`, and resumes. So every completion is produced by exactly
+one policy version, the one its response reports.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import random
+import threading
+from collections import deque
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+from transformers import DynamicCache
+
+from rllm_backends.local_torch.serving.kv_cache import BatchCache
+from rllm_backends.local_torch.serving.models import LoadedModel
+from rllm_backends.local_torch.serving.sampling import sample_tokens, scaled_logprobs, top_logprobs
+from rllm_backends.local_torch.serving.sequence import GenerationRequest, Sequence
+from rllm_core.errors import ConfigError
+
+__all__ = ["DecodeEngine"]
+
+log = logging.getLogger("rllm.serving.engine")
+
+
+class _WeightUpdate:
+    def __init__(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        self.state_dict = state_dict
+        self.done = threading.Event()
+        self.version: int | None = None
+        self.error: BaseException | None = None
+
+
+class DecodeEngine:
+    """Decodes submitted requests together; thread-safe `submit`, `update_weights`, `stop`."""
+
+    def __init__(self, loaded: LoadedModel, max_batch_size: int = 32, threads: int | None = None) -> None:
+        if max_batch_size < 1:
+            raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        self.loaded = loaded
+        self.model = loaded.model
+        self.max_batch_size = max_batch_size
+        self.threads = threads
+        self.policy_version = 0
+        self.device = next(self.model.parameters()).device
+        self._eos = frozenset(loaded.eos_token_ids)
+        self._ctx = loaded.context_length
+        self._cond = threading.Condition()
+        self._waiting: deque[GenerationRequest] = deque()
+        self._updates: deque[_WeightUpdate] = deque()
+        self._stopping = False
+        self._rows: list[Sequence] = []
+        self._batch = BatchCache(self.device)
+        self._next_B: torch.Tensor | None = None
+        params = inspect.signature(self.model.forward).parameters
+        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        self._thread = threading.Thread(target=self._run, name="rllm-decode", daemon=True)
+
+    # ------------------------------------------------------------------ public, any thread
+    def start(self) -> DecodeEngine:
+        self._thread.start()
+        return self
+
+    def submit(self, request: GenerationRequest) -> None:
+        with self._cond:
+            if self._stopping:
+                raise RuntimeError("the policy server is stopping")
+            self._waiting.append(request)
+            self._cond.notify()
+
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], timeout: float | None = None) -> int:
+        """Swap weights once running sequences finish; returns the new policy version.
+
+        On timeout the update is withdrawn (never applied later) and admissions resume.
+        """
+        upd = _WeightUpdate(state_dict)
+        with self._cond:
+            if self._stopping or not self._thread.is_alive():
+                raise RuntimeError("the policy server is stopped; start a new one to serve new weights")
+            self._updates.append(upd)
+            self._cond.notify()
+        if not upd.done.wait(timeout):
+            with self._cond:
+                withdrawn = upd in self._updates
+                if withdrawn:
+                    self._updates.remove(upd)
+                    self._cond.notify()
+            if withdrawn:
+                raise TimeoutError(f"weights were not swapped within {timeout} s (sequences still running); "
+                                   "the update was withdrawn")
+            upd.done.wait()  # already being applied: finishing takes a moment
+        if upd.error is not None:
+            raise upd.error
+        assert upd.version is not None
+        return upd.version
+
+    @property
+    def running(self) -> int:
+        return len(self._rows)
+
+    @property
+    def waiting(self) -> int:
+        with self._cond:
+            return sum(r.n for r in self._waiting)
+
+    def stop(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(30)
+
+    # ------------------------------------------------------------------ engine thread
+    def _run(self) -> None:
+        if self.threads:
+            torch.set_num_threads(self.threads)
+        while True:
+            with self._cond:
+                while not (self._stopping or self._waiting or self._rows or self._updates):
+                    self._cond.wait()
+                if self._stopping:
+                    break
+                admitted = self._take_admissions()
+            try:
+                self._iterate(admitted)
+            except Exception as exc:  # never let one bad step kill the thread every request waits on
+                log.exception("decode loop failed; failing the running sequences")
+                for seq in self._rows:
+                    seq.end("error", f"{type(exc).__name__}: {exc}")
+                self._reset_batch()
+        for seq in self._rows:
+            seq.end("abort", "the policy server stopped")
+        for req in self._waiting:
+            for i in range(req.n):
+                Sequence(req, i, self.policy_version, None, self._eos, self._ctx).end("abort", "server stopped")
+        for upd in self._updates:
+            upd.error = RuntimeError("the policy server stopped before the weights were swapped")
+            upd.done.set()
+        self._reset_batch()
+
+    def _iterate(self, admitted: list[GenerationRequest]) -> None:
+        """One turn of the loop: drop cancelled rows, swap weights if drained, admit, decode one step."""
+        self._drop_cancelled()
+        if self._updates and not self._rows:
+            self._apply_updates()  # requests admitted just before an update arrived then run on the new weights
+        for req in admitted:
+            self._admit(req)
+        if self._rows:
+            self._step()
+
+    def _take_admissions(self) -> list[GenerationRequest]:
+        """Requests that fit in the batch now (none while a weight update is draining the batch)."""
+        out: list[GenerationRequest] = []
+        free = self.max_batch_size - len(self._rows)
+        while self._waiting and not self._updates:
+            req = self._waiting[0]
+            if req.n > free and (self._rows or out):
+                break
+            out.append(self._waiting.popleft())
+            free -= req.n
+        return out
+
+    def _apply_updates(self) -> None:
+        while True:
+            with self._cond:
+                if not self._updates:
+                    return
+                upd = self._updates.popleft()
+            try:
+                self._load_state_dict(upd.state_dict)
+                self.policy_version += 1
+                upd.version = self.policy_version
+            except BaseException as exc:  # reported to the caller, never kills the engine
+                upd.error = exc
+            upd.done.set()
+
+    @torch.no_grad()
+    def _load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+        own = self.model.state_dict()
+        unknown = [k for k in state_dict if k not in own]
+        if unknown:
+            raise ConfigError(f"update_weights: {len(unknown)} keys are not parameters of the served model "
+                              f"(first: {unknown[:3]}); pass model.state_dict() of the same architecture")
+        for k, v in state_dict.items():
+            if tuple(v.shape) != tuple(own[k].shape):
+                raise ConfigError(f"update_weights: {k} has shape {tuple(v.shape)}, "
+                                  f"the served model expects {tuple(own[k].shape)}")
+        for k, v in state_dict.items():
+            own[k].copy_(v.detach().to(own[k].device, own[k].dtype))
+
+    @torch.inference_mode()
+    def _drop_cancelled(self) -> None:
+        keep = [i for i, s in enumerate(self._rows) if not s.request.cancelled.is_set()]
+        for s in self._rows:
+            if s.request.cancelled.is_set():
+                s.end("cancelled")
+        if len(keep) != len(self._rows):
+            self._keep_rows(keep)
+        with self._cond:
+            for req in [r for r in self._waiting if r.cancelled.is_set()]:
+                self._waiting.remove(req)
+
+    def _new_sequences(self, req: GenerationRequest) -> list[Sequence]:
+        seqs = []
+        for i in range(req.n):
+            gen = torch.Generator(device=self.device)
+            gen.manual_seed(req.params.seed + i if req.params.seed is not None else random.getrandbits(63))
+            seqs.append(Sequence(req, i, self.policy_version, self.loaded.tokenizer, self._eos, self._ctx, gen))
+        return seqs
+
+    @torch.inference_mode()
+    def _admit(self, req: GenerationRequest) -> None:
+        """Prefill one request alone, sample each choice's first token, and join the running batch."""
+        seqs = self._new_sequences(req)
+        try:
+            ids_1P = torch.tensor([req.prompt_ids], dtype=torch.long, device=self.device)
+            cache = DynamicCache()
+            out = self._forward(input_ids=ids_1P, cache=cache, logits_to_keep=1)
+            logits_V = out.logits[0, -1]
+            if req.n > 1:
+                cache.batch_repeat_interleave(req.n)
+        except Exception as exc:
+            log.exception("prefill failed")
+            for s in seqs:
+                s.end("error", f"{type(exc).__name__}: {exc}")
+            return
+        prompt_len = len(req.prompt_ids)
+        logits_nV = logits_V[None].expand(req.n, -1)
+        next_n = self._sample(seqs, logits_nV)
+        live = [i for i, s in enumerate(seqs) if s.finish_reason is None]
+        if not live:
+            return
+        kv = [(layer.keys, layer.values) for layer in cache.layers]
+        if len(live) < req.n:
+            kv = [(k[live], v[live]) for k, v in kv]
+        self._batch.join(kv, prompt_len)
+        self._rows.extend(seqs[i] for i in live)
+        self._next_B = next_n[live] if self._next_B is None else torch.cat([self._next_B, next_n[live]])
+
+    @torch.inference_mode()
+    def _step(self) -> None:
+        """One decode step for every running row; finished rows leave the batch right after."""
+        assert self._next_B is not None
+        mask_BL, pos_B = self._batch.step_inputs()
+        try:
+            out = self._forward(input_ids=self._next_B[:, None], attention_mask=mask_BL, position_ids=pos_B,
+                                cache=self._batch.cache)
+        except Exception as exc:
+            log.exception("decode step failed; failing the %d running sequences", len(self._rows))
+            for s in self._rows:
+                s.end("error", f"{type(exc).__name__}: {exc}")
+            self._reset_batch()
+            return
+        self._batch.advance(mask_BL)
+        self._next_B = self._sample(self._rows, out.logits[:, -1])
+        keep = [i for i, s in enumerate(self._rows) if s.finish_reason is None]
+        if len(keep) != len(self._rows):
+            self._keep_rows(keep)
+
+    def _forward(self, cache: Any, **kwargs: Any) -> Any:
+        """Call the model with our cache object (transformers >= 5.2 names it `cache`, older `past_key_values`)."""
+        kwargs[self._cache_kwarg] = cache
+        return self.model(use_cache=True, **kwargs)
+
+    def _sample(self, seqs: list[Sequence], logits_BV: torch.Tensor) -> torch.Tensor:
+        temps_B = torch.tensor([s.params.temperature for s in seqs], dtype=torch.float32, device=logits_BV.device)
+        logprobs_BV = scaled_logprobs(logits_BV, temps_B)
+        next_B = sample_tokens(logprobs_BV, [s.params for s in seqs], [s.generator for s in seqs])
+        chosen_B = logprobs_BV.gather(1, next_B[:, None])[:, 0].tolist()
+        for s, tok, lp, lp_V in zip(seqs, next_B.tolist(), chosen_B, logprobs_BV, strict=True):
+            top = top_logprobs(lp_V, s.params.top_logprobs) if s.params.top_logprobs else None
+            s.append(tok, lp, top)
+        return next_B.to(self.device)
+
+    def _keep_rows(self, keep: list[int]) -> None:
+        if not keep:
+            self._reset_batch()
+            return
+        assert self._next_B is not None
+        self._batch.keep(keep)
+        self._next_B = self._next_B[torch.tensor(keep, dtype=torch.long, device=self.device)]
+        self._rows = [self._rows[i] for i in keep]
+
+    def _reset_batch(self) -> None:
+        self._rows, self._next_B = [], None
+        self._batch.clear()

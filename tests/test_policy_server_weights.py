@@ -1,0 +1,144 @@
+"""Weights in, versions out: in-process weight swaps, what in-flight requests see, and bad state dicts."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+
+import httpx
+import pytest
+import torch
+
+from rllm_backends.local_torch.serving import RunningPolicyServer, load_model, start_policy_server
+from rllm_core.errors import ConfigError
+
+MSG = [{"role": "user", "content": "Name a colour."}]
+
+
+@pytest.fixture
+def server() -> Iterator[RunningPolicyServer]:
+    torch.set_num_threads(1)
+    with start_policy_server(load_model("tiny-random")) as s:
+        yield s
+
+
+def greedy(server: RunningPolicyServer, max_tokens: int = 8) -> dict:
+    r = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
+        "messages": MSG, "max_tokens": max_tokens, "temperature": 0, "logprobs": True, "return_token_ids": True})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def perturbed(server: RunningPolicyServer, scale: float = 0.5) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return {k: v + scale * torch.randn(v.shape, generator=gen) for k, v in server.loaded.model.state_dict().items()}
+
+
+def test_update_weights_bumps_version_and_changes_outputs(server: RunningPolicyServer) -> None:
+    before = greedy(server)
+    assert before["policy_version"] == 0
+    new_sd = perturbed(server)
+    assert server.update_weights(new_sd) == 1 == server.policy_version
+    after = greedy(server)
+    assert after["policy_version"] == 1
+    assert after["choices"][0]["logprobs"] != before["choices"][0]["logprobs"]
+    # the served numbers are those of the new weights: a fresh model loaded with new_sd reproduces them
+    fresh = load_model("tiny-random").model
+    fresh.load_state_dict(new_sd)
+    ids = after["choices"][0]["token_ids"]
+    with torch.no_grad():
+        logits = fresh(torch.tensor([after["prompt_token_ids"] + ids])).logits[0].float()
+    ref = torch.log_softmax(logits[len(after["prompt_token_ids"]) - 1:-1], -1)[torch.arange(len(ids)), ids]
+    got = torch.tensor([c["logprob"] for c in after["choices"][0]["logprobs"]["content"]])
+    assert float((got - ref).abs().max()) <= 1e-4
+    health = httpx.get(server.url + "/health").json()
+    assert health["policy_version"] == 1
+
+
+def test_in_flight_request_finishes_on_the_old_weights(server: RunningPolicyServer) -> None:
+    """Updates drain: the running stream keeps version 0 to its end, then the swap happens, then version 1."""
+    body = {"messages": MSG, "max_tokens": 400, "ignore_eos": True, "stream": True, "return_token_ids": True}
+    versions: list[int] = []
+    stream_done = threading.Event()
+    started = threading.Event()
+
+    def read_stream() -> None:
+        with httpx.stream("POST", server.base_url + "/chat/completions", json=body, timeout=60) as r:
+            for line in r.iter_lines():
+                if line.startswith("data: {"):
+                    versions.append(json.loads(line[6:])["policy_version"])
+                    if len(versions) > 3:
+                        started.set()
+        stream_done.set()
+
+    reader = threading.Thread(target=read_stream)
+    reader.start()
+    assert started.wait(30)
+    version = server.update_weights(perturbed(server), timeout=60)
+    finished_before_swap = stream_done.wait(5)
+    reader.join(30)
+    assert version == 1
+    assert finished_before_swap
+    assert len(versions) > 400 and set(versions) == {0}
+    assert greedy(server, 2)["policy_version"] == 1
+
+
+def test_bad_state_dicts_are_refused_and_change_nothing(server: RunningPolicyServer) -> None:
+    before = greedy(server)
+    with pytest.raises(ConfigError, match="not parameters"):
+        server.update_weights({"transformer.h.0.weight": torch.zeros(3)})
+    name, value = next(iter(server.loaded.model.state_dict().items()))
+    with pytest.raises(ConfigError, match="shape"):
+        server.update_weights({name: torch.zeros(*value.shape[:-1], value.shape[-1] + 1)})
+    assert server.policy_version == 0
+    assert greedy(server)["choices"] == before["choices"]
+
+
+def test_partial_state_dict_updates_only_those_weights(server: RunningPolicyServer) -> None:
+    sd = server.loaded.model.state_dict()
+    norm = next(k for k in sd if k.endswith("norm.weight"))
+    untouched = next(k for k in sd if k.endswith("q_proj.weight"))
+    keep = sd[untouched].clone()
+    assert server.update_weights({norm: torch.full_like(sd[norm], 2.0)}) == 1
+    assert torch.equal(server.loaded.model.state_dict()[norm], torch.full_like(sd[norm], 2.0))
+    assert torch.equal(server.loaded.model.state_dict()[untouched], keep)
+
+
+def test_update_weights_times_out_while_a_long_request_runs(server: RunningPolicyServer) -> None:
+    body = {"messages": MSG, "max_tokens": 1900, "ignore_eos": True, "stream": True}
+    with httpx.stream("POST", server.base_url + "/chat/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        next(lines)  # the request is running
+        with pytest.raises(TimeoutError, match="still running"):
+            server.update_weights(perturbed(server), timeout=0.2)
+    assert server.policy_version == 0  # a timed-out update is withdrawn, never applied later
+    assert greedy(server, 2)["policy_version"] == 0
+
+
+def test_stop_ends_in_flight_requests_promptly() -> None:
+    srv = start_policy_server(load_model("tiny-random"), threads=1)
+    outcome: dict[str, object] = {}
+
+    def long_request() -> None:
+        try:
+            r = httpx.post(srv.base_url + "/chat/completions", timeout=30,
+                           json={"messages": MSG, "max_tokens": 1900, "ignore_eos": True})
+            outcome["status"] = r.status_code
+        except httpx.HTTPError as exc:
+            outcome["error"] = type(exc).__name__
+
+    t = threading.Thread(target=long_request)
+    t.start()
+    deadline = time.monotonic() + 10
+    while httpx.get(srv.url + "/health").json()["running"] == 0 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    start = time.monotonic()
+    srv.stop()
+    t.join(10)
+    assert time.monotonic() - start < 10 and not t.is_alive()
+    assert outcome.get("status") == 500 or "error" in outcome
+    with pytest.raises(RuntimeError, match="stopped"):
+        srv.update_weights({})
+    srv.stop()  # idempotent
