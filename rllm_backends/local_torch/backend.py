@@ -1,0 +1,95 @@
+"""The `local` backend: the torch trainer plus an in-process policy server, on CPU or one GPU.
+
+The trainer and the server hold separate copies of the model (fp32 master for training; the server's copy
+is what rollouts sample from). After each step `sync_weights` pushes the trainer's (LoRA-merged) weights into
+the running server (`update_weights`, no restart), which bumps the policy version every response carries.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rllm_core.backend import PolicyEndpoint
+from rllm_core.errors import TrainingError
+from rllm_core.training.config import TrainConfig
+from rllm_core.training.packing import TrainRow
+
+__all__ = ["LocalTorchBackend"]
+
+
+class LocalTorchBackend:
+    """Backend protocol over `TorchTrainer` + `start_policy_server`. `loaded` injects an already loaded model
+    (tests, benchmarks); otherwise `config.model` is loaded with the serving package's `load_model`."""
+
+    name = "local"
+
+    def __init__(self, config: TrainConfig | None = None, *, loaded: Any = None, max_batch_size: int = 64,
+                 server_threads: int | None = None) -> None:
+        self.config = config
+        self._loaded = loaded
+        self._max_batch_size = max_batch_size
+        self._server_threads = server_threads
+        self.trainer: Any = None
+        self.server: Any = None
+        self.policy_version = 0
+
+    def setup(self, config: TrainConfig) -> None:
+        import torch
+
+        from rllm_backends.local_torch.serving import load_model, start_policy_server
+        from rllm_backends.local_torch.trainer import TorchTrainer
+
+        self.config = config
+        torch.manual_seed(config.seed)
+        loaded = self._loaded or load_model(config.model, dtype=torch.float32, device=config.device)
+        serve_copy = copy.copy(loaded)
+        serve_copy.model = copy.deepcopy(loaded.model).eval()
+        pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
+        self.tokenizer = loaded.tokenizer
+        self.trainer = TorchTrainer(loaded.model, config, pad_token_id=int(pad))
+        self.server = start_policy_server(serve_copy, max_batch_size=self._max_batch_size,
+                                          threads=self._server_threads)
+        self.policy_version = int(self.server.policy_version)
+
+    def _require(self) -> None:
+        if self.trainer is None or self.server is None:
+            raise TrainingError("the local backend is not set up: call setup(config) first")
+
+    def policy_endpoint(self) -> PolicyEndpoint:
+        self._require()
+        return PolicyEndpoint(base_url=self.server.base_url, model=self.server.model_name,
+                              policy_version=self.policy_version, tokenizer=self.tokenizer)
+
+    def train_step(self, rows: Sequence[TrainRow]) -> dict[str, float]:
+        self._require()
+        metrics = self.trainer.train_step(rows)
+        versions = [r.policy_version for r in rows if r.policy_version is not None]
+        if versions:
+            metrics["train/policy_staleness_max"] = float(self.policy_version - min(versions))
+        return metrics
+
+    def sync_weights(self) -> int:
+        self._require()
+        self.policy_version = int(self.server.update_weights(self.trainer.serving_state_dict()))
+        return self.policy_version
+
+    def save(self, path: Path) -> None:
+        self._require()
+        self.trainer.save(path)
+        state = {"policy_version": self.policy_version, "model": self.config.model if self.config else None}
+        (Path(path) / "local_backend.json").write_text(json.dumps(state))
+
+    def load(self, path: Path) -> None:
+        """Restore trainer state and push the restored weights into the server (it serves them at once)."""
+        self._require()
+        self.trainer.load(path)
+        self.sync_weights()
+
+    def shutdown(self) -> None:
+        if self.server is not None:
+            self.server.stop()
+            self.server = None

@@ -1,0 +1,219 @@
+"""The in-process torch trainer: one optimizer step on packed train rows.
+
+fp32 master weights (optionally bf16 autocast for forward/backward), micro-batches with gradient
+accumulation whose loss is normalised by the *whole* batch's token/row counts (so accumulation gives exactly
+the full-batch gradient), optional gradient checkpointing and LoRA (peft), AdamW with warm-up and a
+constant/linear/cosine schedule, grad-norm clipping. A non-finite loss or grad norm leaves the weights
+untouched and raises TrainingError.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rllm_backends.local_torch.logprobs import collate, sequence_logprobs
+from rllm_core.algorithms import policy_loss_with_metrics
+from rllm_core.errors import ConfigError, TrainingError
+from rllm_core.training.config import TrainConfig
+from rllm_core.training.packing import TrainRow
+
+__all__ = ["TorchTrainer", "estimate_step_bytes"]
+
+_SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
+
+
+def estimate_step_bytes(model: torch.nn.Module, micro_batch: int, seq_len: int, checkpointing: bool) -> int:
+    """Rough peak bytes of one micro-batch forward+backward: fp32 logits (×3: logits, log-softmax, grad) plus
+    hidden activations (~20 tensors of [b, T, hidden] per layer, 2 with checkpointing)."""
+    cfg = getattr(model, "config", None)
+    vocab = int(getattr(cfg, "vocab_size", 32000))
+    hidden = int(getattr(cfg, "hidden_size", 1024))
+    layers = int(getattr(cfg, "num_hidden_layers", 12))
+    per_layer = 2 if checkpointing else 20
+    return 4 * micro_batch * seq_len * (3 * vocab + per_layer * layers * hidden)
+
+
+def _available_bytes(device: torch.device) -> int:
+    if device.type == "cuda":
+        return int(torch.cuda.mem_get_info(device)[0])
+    try:
+        import psutil
+    except ImportError:  # not a declared dependency: fall back to the kernel's own estimate
+        try:
+            with open("/proc/meminfo") as f:
+                fields = dict(line.split(":", 1) for line in f)
+            return int(fields["MemAvailable"].split()[0]) * 1024
+        except (OSError, KeyError, ValueError):
+            return 1 << 62  # unknown: do not refuse
+    return int(psutil.virtual_memory().available)
+
+
+class TorchTrainer:
+    """Owns the trainable model, its optimizer and schedule; `train_step(rows)` is one update."""
+
+    def __init__(self, model: torch.nn.Module, config: TrainConfig, pad_token_id: int = 0) -> None:
+        self.config = config
+        self.device = torch.device(config.device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():
+            raise ConfigError(f"device {config.device!r} asked for, but this torch has no CUDA: use --device cpu")
+        self.pad_token_id = pad_token_id
+        model = model.to(device=self.device, dtype=torch.float32)
+        if config.gradient_checkpointing:
+            if hasattr(model, "activation_checkpointing_enable"):  # transformers ≥ 5
+                model.activation_checkpointing_enable({"use_reentrant": False})
+            else:
+                model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        if config.lora_rank > 0:
+            from peft import LoraConfig, get_peft_model
+
+            model = get_peft_model(model, LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha,
+                                                     target_modules="all-linear", lora_dropout=0.0))
+        self.model = model
+        self.model.train()
+        # KL to the starting policy: LoRA gets it for free (adapters off); full fine-tuning keeps a frozen copy.
+        self.ref_model: torch.nn.Module | None = None
+        if config.kl_coef > 0 and config.lora_rank <= 0:
+            self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        from transformers import get_scheduler
+
+        self.scheduler = get_scheduler(_SCHEDULES[config.lr_schedule], self.optimizer,
+                                       num_warmup_steps=config.warmup_steps,
+                                       num_training_steps=max(config.max_steps, 1))
+        self.step = 0
+
+    # ------------------------------------------------------------------ one update
+    def train_step(self, rows: Sequence[TrainRow]) -> dict[str, float]:
+        """One optimizer step on `rows`; metrics: loss, pg_loss, clip_frac, approx_kl, entropy, grad_norm, lr,
+        tokens_per_s. Raises TrainingError (weights untouched) when there is nothing to train or the loss
+        is not finite."""
+        cfg = self.config
+        rows = [r for r in rows if r.num_trained_tokens > 0]
+        if not rows:
+            raise TrainingError("no trainable tokens in this batch (every row has loss mask 0); step skipped")
+        started = time.perf_counter()
+        rows = sorted(rows, key=lambda r: len(r.tokens))  # less padding per micro-batch
+        token_denom = float(sum(r.num_trained_tokens for r in rows))
+        seq_denom = float(len(rows))
+        mb = cfg.micro_batch_size
+        self.check_memory(mb, max(len(r.tokens) for r in rows))
+        self.model.train()
+        self.optimizer.zero_grad(set_to_none=True)
+        sums: dict[str, float] = {}
+        total_loss = 0.0
+        total_tokens = 0
+        for start in range(0, len(rows), mb):
+            chunk = rows[start : start + mb]
+            loss, metrics, n_tok = self._micro_step(chunk, token_denom, seq_denom)
+            if not math.isfinite(loss):
+                self.optimizer.zero_grad(set_to_none=True)
+                raise TrainingError(f"loss is not finite ({loss}) at trainer step {self.step + 1}; weights were "
+                                    "not updated. Lower --lr, check rewards for NaN, or use --bf16 false")
+            total_loss += loss
+            total_tokens += sum(len(r.tokens) for r in chunk)
+            for k, v in metrics.items():
+                sums[k] = sums.get(k, 0.0) + v * n_tok
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+        if not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            raise TrainingError(f"gradient norm is not finite at trainer step {self.step + 1}; weights were not "
+                                "updated. Lower --lr or enable --max-grad-norm")
+        lr = self.scheduler.get_last_lr()[0]
+        self.optimizer.step()
+        self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        elapsed = time.perf_counter() - started
+        out = {f"train/{k}": v / token_denom for k, v in sums.items()}
+        out.update({"train/loss": total_loss, "train/grad_norm": grad_norm, "train/lr": lr,
+                    "train/rows": float(len(rows)), "train/trained_tokens": token_denom,
+                    "train/tokens_per_s": total_tokens / max(elapsed, 1e-9), "time/train_step_s": elapsed})
+        return out
+
+    def _micro_step(self, chunk: Sequence[TrainRow], token_denom: float, seq_denom: float
+                    ) -> tuple[float, dict[str, float], int]:
+        cfg, dev = self.config, self.device
+        start = max(1, min(r.loss_mask.index(1) for r in chunk))  # first trained position in the chunk
+        ids_BT = collate([r.tokens for r in chunk], self.pad_token_id, torch.long, dev)
+        attn_BT = collate([[1] * len(r.tokens) for r in chunk], 0, torch.long, dev)
+        mask_BT = collate([r.loss_mask for r in chunk], 0, torch.float32, dev)[:, start:]
+        old_BT = collate([r.sampling_logprobs for r in chunk], 0.0, torch.float32, dev)[:, start:]
+        adv_BT = collate([r.advantages for r in chunk], 0.0, torch.float32, dev)[:, start:]
+        try:
+            with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=cfg.bf16):
+                logp_BT, ent_BT = sequence_logprobs(self.model, ids_BT, attn_BT, cfg.temperature,
+                                                    with_entropy=True, start=start)
+                if cfg.recompute_old_logprobs:
+                    old_BT = logp_BT.detach()
+                ref_BT = self._reference_logprobs(ids_BT, attn_BT, start) if cfg.kl_coef > 0 else None
+                loss, metrics = policy_loss_with_metrics(
+                    cfg.loss, logp_BT, old_BT, adv_BT, mask_BT, cfg.agg, cfg.clip_low, cfg.clip_high, cfg.clip_c,
+                    ref_logprobs=ref_BT, kl_coef=cfg.kl_coef, kl_type=cfg.kl_type,
+                    token_denominator=token_denom, seq_denominator=seq_denom, norm_tokens=cfg.max_tokens)
+            if math.isfinite(float(loss.detach())):
+                loss.backward()
+        except (torch.OutOfMemoryError, RuntimeError) as exc:
+            if "out of memory" not in str(exc) and "can't allocate" not in str(exc):
+                raise
+            need = estimate_step_bytes(self.model, len(chunk), ids_BT.shape[1], cfg.gradient_checkpointing)
+            raise TrainingError(
+                f"out of memory on a micro-batch of {len(chunk)} rows × {ids_BT.shape[1]} tokens (estimated "
+                f"{need / 2**30:.1f} GiB, {_available_bytes(dev) / 2**30:.1f} GiB free): lower "
+                "--micro-batch-size, --max-seq-len or enable --gradient-checkpointing") from None
+        n_tok = int(mask_BT.sum())
+        assert ent_BT is not None
+        metrics["entropy"] = float((ent_BT * mask_BT).sum() / max(n_tok, 1))
+        return float(loss.detach()), metrics, n_tok
+
+    @torch.no_grad()
+    def _reference_logprobs(self, ids_BT: torch.Tensor, attn_BT: torch.Tensor, start: int) -> torch.Tensor:
+        if self.ref_model is not None:
+            return sequence_logprobs(self.ref_model, ids_BT, attn_BT, self.config.temperature, start=start)[0]
+        with self.model.disable_adapter():  # type: ignore[operator]
+            return sequence_logprobs(self.model, ids_BT, attn_BT, self.config.temperature, start=start)[0]
+
+    def check_memory(self, micro_batch: int, seq_len: int) -> None:
+        """Raise TrainingError, with the numbers, when a micro-batch of this shape will not fit."""
+        need = estimate_step_bytes(self.model, micro_batch, seq_len, self.config.gradient_checkpointing)
+        free = _available_bytes(self.device)
+        if need > free:
+            raise TrainingError(
+                f"a micro-batch of {micro_batch} rows × {seq_len} tokens needs about {need / 2**30:.1f} GiB but "
+                f"only {free / 2**30:.1f} GiB is free on {self.device}: lower --micro-batch-size (e.g. "
+                f"{max(1, int(micro_batch * free / need))}), --max-seq-len, or enable --gradient-checkpointing")
+
+    # ------------------------------------------------------------------ weights out, state in/out
+    def serving_state_dict(self) -> dict[str, torch.Tensor]:
+        """Full (LoRA-merged) weights under the base model's names, for the policy server."""
+        if self.config.lora_rank <= 0:
+            return {k: v.detach() for k, v in self.model.state_dict().items()}
+        peft_model: Any = self.model
+        peft_model.merge_adapter()
+        try:
+            base = peft_model.get_base_model().state_dict()
+            return {k.replace(".base_layer", ""): v.detach().clone() for k, v in base.items() if "lora_" not in k}
+        finally:
+            peft_model.unmerge_adapter()
+
+    def save(self, path: Path) -> None:
+        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                    "scheduler": self.scheduler.state_dict(), "step": self.step}, Path(path) / "trainer.pt")
+
+    def load(self, path: Path) -> None:
+        file = Path(path) / "trainer.pt"
+        if not file.is_file():
+            raise TrainingError(f"checkpoint {path} has no trainer.pt; it was not written by the local backend")
+        state = torch.load(file, map_location=self.device, weights_only=True)
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+        self.step = int(state["step"])

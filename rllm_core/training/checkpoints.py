@@ -1,0 +1,96 @@
+"""Atomic checkpoints: a crash (even SIGKILL) mid-write never leaves a broken latest checkpoint.
+
+A checkpoint is written into `checkpoints/.tmp-step_N-<pid>/` (backend state first, `state.json` last, each
+fsynced), then renamed to `checkpoints/step_N/` (one atomic rename on POSIX), then `checkpoints/latest` is
+replaced atomically (write a temp file, `os.replace`). A reader trusts only directories that hold
+`state.json`; leftover `.tmp-*` directories are removed when the next run starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from rllm_core.backend import Backend
+from rllm_core.errors import TrainingError
+
+__all__ = ["clean_partial_checkpoints", "latest_checkpoint", "read_state", "save_checkpoint"]
+
+STATE = "state.json"
+LATEST = "latest"
+
+
+def _fsync_tree(path: Path) -> None:
+    for f in path.rglob("*"):
+        if f.is_file():
+            with open(f, "rb") as fh:
+                os.fsync(fh.fileno())
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def save_checkpoint(checkpoints_dir: Path, step: int, backend: Backend, state: dict[str, Any], keep: int = 2) -> Path:
+    """Write backend state + `state` (loop state: step, policy version, ...) as checkpoint `step_<step>`."""
+    checkpoints_dir.mkdir(parents=True, exist_ok=True)
+    final = checkpoints_dir / f"step_{step}"
+    tmp = checkpoints_dir / f".tmp-step_{step}-{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
+    backend.save(tmp)
+    (tmp / STATE).write_text(json.dumps({**state, "step": step}), encoding="utf-8")
+    _fsync_tree(tmp)
+    if final.exists():  # the same step written again after a resume: replace it
+        shutil.rmtree(final)
+    os.rename(tmp, final)
+    pointer = checkpoints_dir / f".{LATEST}.tmp"
+    pointer.write_text(final.name, encoding="utf-8")
+    os.replace(pointer, checkpoints_dir / LATEST)
+    _prune(checkpoints_dir, keep, final)
+    return final
+
+
+def _complete(checkpoints_dir: Path) -> list[Path]:
+    found = [p for p in checkpoints_dir.glob("step_*") if (p / STATE).is_file()]
+    return sorted(found, key=lambda p: int(p.name.split("_", 1)[1]))
+
+
+def _prune(checkpoints_dir: Path, keep: int, newest: Path) -> None:
+    if keep <= 0:
+        return
+    for old in _complete(checkpoints_dir)[:-keep]:
+        if old != newest:
+            shutil.rmtree(old, ignore_errors=True)
+
+
+def clean_partial_checkpoints(checkpoints_dir: Path) -> int:
+    """Remove `.tmp-*` directories left by a crash mid-write; returns how many."""
+    n = 0
+    for tmp in checkpoints_dir.glob(".tmp-*"):
+        shutil.rmtree(tmp, ignore_errors=True)
+        n += 1
+    return n
+
+
+def latest_checkpoint(checkpoints_dir: Path) -> Path | None:
+    """The newest complete checkpoint: the one `latest` names if complete, else the highest complete step."""
+    pointer = checkpoints_dir / LATEST
+    if pointer.is_file():
+        named = checkpoints_dir / pointer.read_text(encoding="utf-8").strip()
+        if (named / STATE).is_file():
+            return named
+    complete = _complete(checkpoints_dir) if checkpoints_dir.is_dir() else []
+    return complete[-1] if complete else None
+
+
+def read_state(checkpoint: Path) -> dict[str, Any]:
+    try:
+        return json.loads((checkpoint / STATE).read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError) as exc:
+        raise TrainingError(f"checkpoint {checkpoint} is unreadable ({exc}); delete it to resume from an older one")\
+            from None

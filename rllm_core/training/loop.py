@@ -1,0 +1,233 @@
+"""The training loop, as a short list of stage calls:
+
+    sample tasks → rollouts (n per task, through the gateway) → rewards → groups → rejection filter
+    → advantages → pack → backend.train_step → backend.sync_weights → metrics → validate → checkpoint
+
+Each stage is one function in this package returning `(output, metrics)`; this module only orders them,
+times them, writes the run directory and shows progress. Errors from one episode never stop a run (the
+engine records them); a step with nothing to train is skipped with its reason in metrics.jsonl; a training
+error (NaN loss, out of memory) stops the run with the step number, keeping the last good checkpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from rllm_core.algorithms import filter_groups, group_advantages
+from rllm_core.backend import Backend, create_backend
+from rllm_core.errors import ConfigError, TrainingError
+from rllm_core.rollout import Rollout
+from rllm_core.training.checkpoints import clean_partial_checkpoints, latest_checkpoint, read_state, save_checkpoint
+from rllm_core.training.config import TrainConfig
+from rllm_core.training.metrics import PhaseTimer, episode_metrics
+from rllm_core.training.packing import pack_groups
+from rllm_core.training.rundir import RunDir
+from rllm_core.training.setup import resolve_benchmark, resolve_rollout
+from rllm_core.types import Episode, Task, group_trajectories
+
+__all__ = ["TrainResult", "atrain", "sample_tasks", "train"]
+
+log = logging.getLogger("rllm.train")
+
+
+@dataclass
+class TrainResult:
+    run_dir: Path
+    steps_done: int
+    last_checkpoint: Path | None
+    history: list[dict[str, Any]] = field(default_factory=list)
+    evals: list[dict[str, Any]] = field(default_factory=list)
+
+
+def sample_tasks(tasks: Sequence[Task], batch_size: int, seed: int, step: int) -> list[Task]:
+    """Tasks of 1-based `step`: consecutive slices of per-epoch shuffles seeded by (seed, epoch), so a resumed
+    run draws exactly the tasks the uninterrupted run would have."""
+    if not tasks:
+        raise ConfigError("the training split has no tasks; check --train-split / --data-dir")
+    orders: dict[int, list[int]] = {}
+    out: list[Task] = []
+    start = (step - 1) * batch_size
+    for pos in range(start, start + batch_size):
+        epoch, idx = divmod(pos, len(tasks))
+        if epoch not in orders:
+            orders[epoch] = list(range(len(tasks)))
+            random.Random(f"{seed}:{epoch}").shuffle(orders[epoch])
+        out.append(tasks[orders[epoch][idx]])
+    return out
+
+
+def _sampling(config: TrainConfig, greedy: bool = False) -> dict[str, Any]:
+    return {"temperature": 0.0 if greedy else config.temperature, "top_p": config.top_p,
+            "max_tokens": config.max_tokens}
+
+
+async def _rollouts(rollout: Rollout, tasks: list[Task], backend: Backend, config: TrainConfig, benchmark: Any,
+                    attempts: int, greedy: bool = False) -> list[Episode]:
+    from rllm_core.engine import run_episodes
+
+    endpoint = backend.policy_endpoint()
+    scorer = None if config.workflow == "none" else benchmark
+    episodes = await run_episodes(rollout, tasks, base_url=endpoint.base_url, model=endpoint.model,
+                                  attempts=attempts, concurrency=config.concurrency,
+                                  sampling=_sampling(config, greedy), benchmark=scorer,
+                                  timeout_s=config.episode_timeout_s, progress=False)
+    if scorer is None:  # the agent scores itself: its Episode.reward, or artifacts["reward"]
+        for ep in episodes:
+            if ep.reward is None:
+                value = ep.artifacts.get("reward")
+                ep.reward = float(value) if isinstance(value, int | float) else 0.0
+                ep.reward_reason = ep.reward_reason or ("agent_reward" if value is not None else "no_reward")
+    return episodes
+
+
+async def _validate(rollout: Rollout, tasks: list[Task], backend: Backend, config: TrainConfig, benchmark: Any,
+                    run: RunDir, step: int) -> dict[str, Any]:
+    timer = PhaseTimer()
+    metrics: dict[str, Any] = {}
+    with timer("eval"):
+        episodes = await _rollouts(rollout, tasks, backend, config, benchmark, attempts=config.eval_attempts)
+        metrics.update(episode_metrics(episodes, prefix="val/"))
+        if config.eval_greedy:
+            greedy = await _rollouts(rollout, tasks, backend, config, benchmark, attempts=1, greedy=True)
+            metrics.update(episode_metrics(greedy, prefix="val_greedy/"))
+    metrics.update(timer.metrics())
+    if config.save_episodes:
+        run.save_episodes(f"eval_step_{step}", episodes)
+    run.log("eval", step, metrics)
+    return metrics
+
+
+def _resume(run: RunDir, backend: Backend) -> tuple[int, Path | None]:
+    removed = clean_partial_checkpoints(run.checkpoints_dir)
+    if removed:
+        log.warning("removed %d partial checkpoint(s) left by an interrupted save", removed)
+    ckpt = latest_checkpoint(run.checkpoints_dir)
+    if ckpt is None:
+        log.warning("no complete checkpoint in %s: starting from step 0", run.checkpoints_dir)
+        run.truncate_metrics_after(-1)
+        return 0, None
+    backend.load(ckpt)
+    step = int(read_state(ckpt)["step"])
+    run.truncate_metrics_after(step)
+    return step, ckpt
+
+
+async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchmark: Any = None,
+                 rollout: Rollout | None = None, resume: bool = False, progress: bool = True,
+                 console: Console | None = None) -> TrainResult:
+    """Run (or resume) training as configured; see the module docstring for the stages."""
+    benchmark = resolve_benchmark(config, benchmark)
+    rollout = rollout or resolve_rollout(config, benchmark)
+    train_tasks = benchmark.load(config.train_split, data_dir=config.data_dir,
+                                 max_examples=config.max_train_examples, seed=config.seed)
+    val_tasks = benchmark.load(config.val_split, data_dir=config.data_dir, max_examples=config.eval_examples,
+                               seed=config.seed + 1) if config.eval_examples > 0 else []
+    run = RunDir(config.output).create()
+    config.dump_yaml(run.config_file)
+    backend = backend or create_backend(config.backend, config)
+    console = console or Console()
+    result = TrainResult(run_dir=run.path, steps_done=0, last_checkpoint=None)
+    try:
+        backend.setup(config)
+        start = 0
+        if resume:
+            start, result.last_checkpoint = _resume(run, backend)
+        result.steps_done = start
+        if start == 0 and val_tasks:
+            result.evals.append(await _validate(rollout, val_tasks, backend, config, benchmark, run, 0))
+        columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                   TextColumn("{task.fields[status]}"))
+        with Progress(*columns, console=console, disable=not progress, transient=False) as bar:
+            task_id = bar.add_task("train", total=config.max_steps, completed=start, status="")
+            budget_end = time.monotonic() + 60 * config.max_minutes if config.max_minutes else float("inf")
+            for step in range(start + 1, config.max_steps + 1):
+                metrics = await _train_step(step, config, rollout, train_tasks, backend, benchmark, run, bar, task_id)
+                result.history.append(metrics)
+                result.steps_done = step
+                bar.update(task_id, completed=step, status=_status(metrics))
+                last = step == config.max_steps or time.monotonic() > budget_end
+                if config.eval_every and step % config.eval_every == 0 and not last and val_tasks:
+                    result.evals.append(await _validate(rollout, val_tasks, backend, config, benchmark, run, step))
+                if step % config.save_every == 0 or last:
+                    result.last_checkpoint = save_checkpoint(
+                        run.checkpoints_dir, step, backend,
+                        {"policy_version": metrics.get("policy_version"), "seed": config.seed},
+                        keep=config.keep_checkpoints)
+                if last:
+                    break
+        if result.steps_done > start and val_tasks:
+            result.evals.append(await _validate(rollout, val_tasks, backend, config, benchmark, run,
+                                                result.steps_done))
+    except TrainingError as exc:
+        where = result.last_checkpoint or latest_checkpoint(run.checkpoints_dir)
+        keep = f"the last good checkpoint is {where}" if where else "no checkpoint was written yet"
+        raise TrainingError(f"training stopped at step {result.steps_done + 1}: {exc}. {keep}; resume with "
+                            f"`rllm train --resume {run.path}` after fixing the cause") from None
+    finally:
+        backend.shutdown()
+    return result
+
+
+async def _train_step(step: int, config: TrainConfig, rollout: Rollout, train_tasks: Sequence[Task],
+                      backend: Backend, benchmark: Any, run: RunDir, bar: Progress, task_id: Any) -> dict[str, Any]:
+    timer = PhaseTimer()
+    metrics: dict[str, Any] = {}
+    with timer("step"):
+        bar.update(task_id, status=f"step {step}: rollouts")
+        with timer("rollout"):
+            tasks = sample_tasks(train_tasks, config.batch_size, config.seed, step)
+            episodes = await _rollouts(rollout, tasks, backend, config, benchmark, attempts=config.group_size)
+        metrics.update(episode_metrics(episodes))
+        groups, filter_metrics = filter_groups(group_trajectories(episodes), config.rejection, episodes)
+        metrics.update(filter_metrics)
+        rows, pack_metrics = pack_groups(groups, group_advantages(groups, config.algo),
+                                         max_tokens=config.max_seq_len, overlong=config.overlong)
+        metrics.update(pack_metrics)
+        if not any(r.num_trained_tokens for r in rows):
+            metrics["skipped"] = _skip_reason(episodes, groups, rows)
+            log.warning("step %d skipped: %s", step, metrics["skipped"])
+        else:
+            bar.update(task_id, status=f"step {step}: train on {len(rows)} rows")
+            with timer("train"):
+                metrics.update(backend.train_step(rows))
+            with timer("sync"):
+                metrics["policy_version"] = backend.sync_weights()
+    metrics.update(timer.metrics())
+    metrics["throughput/tokens_per_s"] = metrics.get("pack/tokens", 0.0) / max(metrics["time/step_s"], 1e-9)
+    if config.save_episodes:
+        run.save_episodes(f"step_{step}", episodes)
+    run.log("train", step, metrics)
+    return metrics
+
+
+def _skip_reason(episodes: list[Episode], groups: list[Any], rows: list[Any]) -> str:
+    steps = [s for e in episodes for s in e.steps]
+    if not steps:
+        return "no LLM calls were recorded (did the agent use config.base_url?)"
+    if not any(s.trainable for s in steps):
+        return "no trainable steps: the calls carry no token ids/logprobs (upstream without return_token_ids?)"
+    if not groups:
+        return "rejection sampling dropped every group (all rewards in each group were equal)"
+    return f"no row kept a trained token ({len(rows)} rows; over-long rows dropped?)"
+
+
+def _status(metrics: dict[str, Any]) -> str:
+    if "skipped" in metrics:
+        return "[yellow]skipped[/yellow]"
+    return (f"reward {metrics.get('reward/mean', 0):.3f}  acc {metrics.get('reward/accuracy', 0):.2f}  "
+            f"kl {metrics.get('train/approx_kl', 0):.4f}  {metrics.get('time/step_s', 0):.1f}s/step")
+
+
+def train(config: TrainConfig, **kwargs: Any) -> TrainResult:
+    """Synchronous `atrain` (not from inside a running event loop)."""
+    return asyncio.run(atrain(config, **kwargs))

@@ -1,0 +1,152 @@
+"""Packing: Trajectories → train rows (one token sequence each, with what the loss needs per token).
+
+Rule for multi-turn trajectories: a step whose `prompt_token_ids` start with the previous row's full sequence
+(its prompt + completion tokens so far) is *merged* into that row: the new prompt tokens beyond the prefix
+(tool results, user turns: observations) are appended with loss mask 0, then its completion with mask 1. A
+step that breaks the prefix (the agent rewrote or summarised its history) starts a new row. Only
+`Step.trainable` steps are used; the others are counted.
+
+Over-long rows (more than `max_tokens`): ``truncate`` keeps the first `max_tokens` tokens (the tail's loss is
+lost; a row left with no trained token is dropped), ``drop`` drops the row. Both are counted in the metrics.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from rllm_core.types import Step, Trajectory, TrajectoryGroup
+
+__all__ = ["OverlongRule", "TrainRow", "pack_groups", "pack_trajectory"]
+
+OverlongRule = Literal["truncate", "drop"]
+
+
+class TrainRow(BaseModel):
+    """One training sequence. All per-token lists have the same length as `tokens`."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    tokens: list[int]
+    loss_mask: list[int]
+    """1 on tokens the policy generated (trained), 0 on prompt / observation tokens."""
+    sampling_logprobs: list[float]
+    """Log-prob each trained token was sampled with (0.0 where the mask is 0)."""
+    advantages: list[float]
+    group_id: str = ""
+    trajectory_id: str = ""
+    policy_version: int | None = None
+    """The oldest policy version among the merged steps (how stale the row is)."""
+    num_steps: int = 1
+    metadata: dict[str, str | int | float] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _check_lengths(self) -> TrainRow:
+        n = len(self.tokens)
+        for name in ("loss_mask", "sampling_logprobs", "advantages"):
+            if len(getattr(self, name)) != n:
+                raise ValueError(f"TrainRow: {name} has {len(getattr(self, name))} entries for {n} tokens")
+        return self
+
+    @property
+    def num_trained_tokens(self) -> int:
+        return sum(self.loss_mask)
+
+
+class _Building:
+    def __init__(self, step: Step) -> None:
+        self.tokens = list(step.prompt_token_ids or [])
+        self.mask = [0] * len(self.tokens)
+        self.logprobs = [0.0] * len(self.tokens)
+        self.versions: list[int] = []
+        self.num_steps = 0
+        self.add_completion(step)
+
+    def extends(self, step: Step) -> bool:
+        prompt = step.prompt_token_ids or []
+        return len(prompt) >= len(self.tokens) and prompt[: len(self.tokens)] == self.tokens
+
+    def add_observation(self, step: Step) -> None:
+        extra = (step.prompt_token_ids or [])[len(self.tokens) :]
+        self.tokens += extra
+        self.mask += [0] * len(extra)
+        self.logprobs += [0.0] * len(extra)
+        self.add_completion(step)
+
+    def add_completion(self, step: Step) -> None:
+        ids, lps = step.completion_token_ids or [], step.logprobs or []
+        self.tokens += ids
+        self.mask += [1] * len(ids)
+        self.logprobs += [float(x) for x in lps]
+        if step.policy_version is not None:
+            self.versions.append(step.policy_version)
+        self.num_steps += 1
+
+
+def pack_trajectory(
+    trajectory: Trajectory,
+    advantage: float,
+    *,
+    group_id: str = "",
+    max_tokens: int | None = None,
+    overlong: OverlongRule = "truncate",
+) -> tuple[list[TrainRow], dict[str, float]]:
+    """Rows for one trajectory (merged where prefixes allow) and counts: steps used/skipped, rows cut/dropped."""
+    metrics = {"steps_used": 0.0, "steps_untrainable": 0.0, "rows_truncated": 0.0, "rows_dropped_overlong": 0.0,
+               "rows_split": 0.0}
+    building: list[_Building] = []
+    for step in trajectory.steps:
+        if not step.trainable:
+            metrics["steps_untrainable"] += 1
+            continue
+        metrics["steps_used"] += 1
+        if building and building[-1].extends(step):
+            building[-1].add_observation(step)
+        else:
+            if building:
+                metrics["rows_split"] += 1
+            building.append(_Building(step))
+    rows: list[TrainRow] = []
+    for b in building:
+        tokens, mask, lps = b.tokens, b.mask, b.logprobs
+        if max_tokens is not None and len(tokens) > max_tokens:
+            if overlong == "drop":
+                metrics["rows_dropped_overlong"] += 1
+                continue
+            tokens, mask, lps = tokens[:max_tokens], mask[:max_tokens], lps[:max_tokens]
+            metrics["rows_truncated"] += 1
+        if not any(mask):
+            metrics["rows_dropped_overlong"] += 1
+            continue
+        rows.append(TrainRow(
+            tokens=tokens, loss_mask=mask, sampling_logprobs=lps,
+            advantages=[advantage * m for m in mask], group_id=group_id, trajectory_id=trajectory.id,
+            policy_version=min(b.versions) if b.versions else None, num_steps=b.num_steps,
+        ))
+    return rows, metrics
+
+
+def pack_groups(
+    groups: Sequence[TrajectoryGroup],
+    advantages: Mapping[str, float],
+    *,
+    max_tokens: int | None = None,
+    overlong: OverlongRule = "truncate",
+) -> tuple[list[TrainRow], dict[str, float]]:
+    """Pack every trajectory of every group with its advantage (trajectory id → advantage)."""
+    rows: list[TrainRow] = []
+    totals: dict[str, float] = {}
+    for g in groups:
+        for traj in g.trajectories:
+            r, m = pack_trajectory(traj, advantages.get(traj.id, 0.0), group_id=g.group_id,
+                                   max_tokens=max_tokens, overlong=overlong)
+            rows += r
+            for k, v in m.items():
+                totals[k] = totals.get(k, 0.0) + v
+    totals = {f"pack/{k}": v for k, v in totals.items()}
+    totals["pack/rows"] = float(len(rows))
+    totals["pack/tokens"] = float(sum(len(r.tokens) for r in rows))
+    totals["pack/trained_tokens"] = float(sum(r.num_trained_tokens for r in rows))
+    return rows, totals

@@ -1,0 +1,108 @@
+"""`rllm train`: the CLI face of the training loop.
+
+Every TrainConfig field is a flag of the same name (`group_size` → `--group-size`), generated from the
+config model so the CLI, YAML/TOML files and the Python API can never drift apart. Precedence: the run
+directory's config.yaml (with --resume) < --config file < flags.
+"""
+
+from __future__ import annotations
+
+import inspect
+import types
+import typing
+from pathlib import Path
+from typing import Any, Literal
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from rllm_core.errors import ConfigError, RLLMError
+from rllm_core.hookspecs import hookimpl
+from rllm_core.training.config import TrainConfig, load_config
+
+__all__ = ["rllm_register_commands", "train_command"]
+
+
+def _cli_type(annotation: Any) -> Any:
+    """The scalar type typer should parse for a config field (Literal → str, X | None → X, str | dict → str)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    origin = typing.get_origin(annotation)
+    if origin is Literal:
+        return str
+    if origin in (typing.Union, types.UnionType):
+        return _cli_type(args[0])
+    return annotation if annotation in (str, int, float, bool) else str
+
+
+def _option(name: str) -> inspect.Parameter:
+    field = TrainConfig.model_fields[name]
+    typ = _cli_type(field.annotation)
+    flag = "--" + name.replace("_", "-")
+    decl = f"{flag}/--no-{name.replace('_', '-')}" if typ is bool else flag
+    help_text = (field.description or "").replace("\n", " ")
+    default_repr = field.default if not isinstance(field.default, dict) else "-"
+    opt = typer.Option(None, decl, help=f"{help_text} (default: {default_repr})".strip(), show_default=False)
+    return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=typ | None)
+
+
+def _run(benchmark: str | None, config_file: Path | None, resume: Path | None, progress: bool,
+         overrides: dict[str, Any]) -> None:
+    from rllm_core.training.loop import train
+
+    console = Console()
+    given = {k: v for k, v in overrides.items() if v is not None}
+    if benchmark is not None:
+        given["benchmark"] = benchmark
+    try:
+        if resume is not None:
+            saved = resume / "config.yaml"
+            if not saved.is_file():
+                raise ConfigError(f"--resume {resume}: no config.yaml there; is it a run directory of `rllm train`?")
+            base = load_config(saved).model_dump()
+            if config_file is not None:
+                base.update(load_config(config_file).model_dump(exclude_unset=True))
+            config = load_config(None, **{**base, **given, "output": str(resume)})
+        else:
+            config = load_config(config_file, **given)
+        console.print(f"[bold]rllm train[/bold] {config.benchmark} · model {config.model} · backend "
+                      f"{config.backend} · {config.algo}/{config.loss} · {config.batch_size}×{config.group_size} "
+                      f"per step · {config.max_steps} steps → {config.output}")
+        result = train(config, resume=resume is not None, progress=progress, console=console)
+    except RLLMError as exc:
+        console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
+        raise typer.Exit(1) from None
+    last = result.evals[-1] if result.evals else {}
+    console.print(f"done: {result.steps_done} steps, checkpoint {result.last_checkpoint}, "
+                  f"val accuracy {last.get('val/reward/accuracy', float('nan')):.3f}, run dir {result.run_dir}")
+
+
+def _make_command() -> Any:
+    fixed = [
+        inspect.Parameter("benchmark", inspect.Parameter.POSITIONAL_OR_KEYWORD, annotation=str | None,
+                          default=typer.Argument(None, help="Benchmark to train on (see `rllm bench list`).")),
+        inspect.Parameter("config_file", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None,
+                          default=typer.Option(None, "--config", help="YAML or TOML file with the same option names.")),
+        inspect.Parameter("resume", inspect.Parameter.KEYWORD_ONLY, annotation=Path | None,
+                          default=typer.Option(None, "--resume", help="Continue this run directory from its latest "
+                                               "checkpoint (its config.yaml, overridden by the flags given).")),
+        inspect.Parameter("progress", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                          default=typer.Option(True, "--progress/--no-progress", help="Show the progress bar.")),
+    ]
+    options = [_option(n) for n in TrainConfig.model_fields if n != "benchmark"]
+
+    def train_command(**kwargs: Any) -> None:
+        """Train a model with RL on a benchmark (GRPO on the embedded SmolLM2-135M by default)."""
+        _run(kwargs.pop("benchmark"), kwargs.pop("config_file"), kwargs.pop("resume"), kwargs.pop("progress"),
+             kwargs)
+
+    train_command.__signature__ = inspect.Signature(fixed + options)  # type: ignore[attr-defined]
+    return train_command
+
+
+train_command = _make_command()
+
+
+@hookimpl
+def rllm_register_commands(app: typer.Typer) -> None:
+    app.command("train")(train_command)

@@ -1,0 +1,47 @@
+"""Test doubles for the training loop: a tiny benchmark whose answers a fake upstream can get right or wrong.
+
+`YesNoBenchmark` asks "answer yes" questions and grades "yes" as correct; `alternating_responder` makes the
+fake upstream answer yes, no, yes, no... so every group of even size has mixed rewards (a learning signal).
+"""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any
+
+from rllm_core.benchmarks.base import Benchmark
+from rllm_core.rewards.types import RewardResult
+from rllm_core.types import Task
+
+__all__ = ["YesNoBenchmark", "alternating_responder"]
+
+
+class YesNoBenchmark(Benchmark):
+    name = "yesno"
+    category = "test"
+    reward = "exact"
+    splits = ("train", "test")
+
+    def __init__(self, n_train: int = 6, n_test: int = 2, reward: str = "exact") -> None:
+        self.sizes = {"train": n_train, "test": n_test}
+        self.reward = reward
+
+    def load(self, split: str = "test", data_dir: str | None = None, max_examples: int | None = None,
+             seed: int = 0) -> list[Task]:
+        self._check_split(split)
+        n = self.sizes[split] if max_examples is None else min(max_examples, self.sizes[split])
+        return [self._task(i, split, f"question {i}: answer yes", "yes") for i in range(n)]
+
+    def grade(self, task: Task, response: str) -> RewardResult:
+        if "yes" in response:
+            return RewardResult.correct(extracted="yes")
+        return RewardResult.fail("wrong_answer", extracted=response[:20])
+
+
+def alternating_responder() -> Any:
+    counter = itertools.count()
+
+    def respond(body: dict[str, Any]) -> str:
+        return "yes" if next(counter) % 2 == 0 else "no"
+
+    return respond

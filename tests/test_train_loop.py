@@ -1,0 +1,198 @@
+"""The training loop end to end against the fake upstream and the recording backend: run directory,
+metrics, checkpoints, resume (also after SIGKILL), skipped steps, and the errors for bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from rllm_core.backend import RecordingBackend
+from rllm_core.errors import ConfigError, TrainingError
+from rllm_core.rollout import rollout
+from rllm_core.testing.fake_upstream import FakeUpstream, start_fake_upstream
+from rllm_core.training.checkpoints import latest_checkpoint
+from rllm_core.training.config import TrainConfig, load_config
+from rllm_core.training.loop import sample_tasks, train
+from rllm_core.training.rundir import RunDir
+from rllm_core.training.testing import YesNoBenchmark, alternating_responder
+
+
+@pytest.fixture
+def upstream() -> Iterator[FakeUpstream]:
+    with start_fake_upstream(alternating_responder()) as up:
+        yield up
+
+
+def _config(tmp_path: Path, **kw: object) -> TrainConfig:
+    base: dict[str, object] = {"benchmark": "yesno", "batch_size": 2, "group_size": 2, "max_steps": 3,
+                               "save_every": 2, "eval_examples": 2, "output": str(tmp_path / "run"),
+                               "max_tokens": 8, "concurrency": 4}
+    base.update(kw)
+    return TrainConfig(**base)  # type: ignore[arg-type]
+
+
+def test_loop_writes_the_run_directory(tmp_path: Path, upstream: FakeUpstream) -> None:
+    backend = RecordingBackend(upstream.base_url)
+    result = train(_config(tmp_path), backend=backend, benchmark=YesNoBenchmark(), progress=False)
+    run = RunDir(result.run_dir)
+    assert result.steps_done == 3 and backend.closed
+    assert load_config(run.config_file).max_steps == 3
+    records = run.read_metrics()
+    assert [(m["kind"], m["step"]) for m in records] == [("eval", 0), ("train", 1), ("train", 2), ("train", 3),
+                                                         ("eval", 3)]
+    step1 = records[1]
+    assert step1["reward/mean"] == pytest.approx(0.5) and step1["reward/accuracy"] == pytest.approx(0.5)
+    assert step1["reason/correct"] == pytest.approx(0.5) and step1["reason/wrong_answer"] == pytest.approx(0.5)
+    assert step1["groups/total"] == 2 and step1["policy_version"] == 1
+    assert {"time/rollout_s", "time/train_s", "time/sync_s", "time/step_s", "pack/rows"} <= set(step1)
+    # each group is one yes (+1) and one no (−1): GRPO advantages on the trained tokens
+    advs = sorted({a for r in backend.batches[0] for a, m in zip(r.advantages, r.loss_mask, strict=True) if m})
+    assert advs == pytest.approx([-1 / (2**0.5 * 0.5 + 1e-6) * 0.5, 0.5 / (2**0.5 * 0.5 + 1e-6)], abs=1e-4)
+    assert len(list((run.episodes_dir).glob("step_*.jsonl"))) == 3
+    assert sorted(p.name for p in run.checkpoints_dir.iterdir()) == ["latest", "step_2", "step_3"]
+    assert latest_checkpoint(run.checkpoints_dir) == run.checkpoints_dir / "step_3"
+
+
+def test_resume_continues_the_same_task_sequence(tmp_path: Path, upstream: FakeUpstream) -> None:
+    bench = YesNoBenchmark(n_train=5)
+    train(_config(tmp_path, max_steps=2, eval_examples=0), backend=RecordingBackend(upstream.base_url),
+          benchmark=bench, progress=False)
+    resumed = RecordingBackend(upstream.base_url)
+    result = train(_config(tmp_path, max_steps=4, eval_examples=0), backend=resumed, benchmark=bench,
+                   resume=True, progress=False)
+    assert resumed.steps_done == 4 and result.steps_done == 4
+    assert [m["step"] for m in RunDir(result.run_dir).read_metrics()] == [1, 2, 3, 4]
+    tasks = bench.load("train")
+    expected = [t.id for t in sample_tasks(tasks, 2, 0, 3)]
+    got = [json.loads(line)["task"]["id"] for line in (result.run_dir / "episodes" / "step_3.jsonl").open()]
+    assert sorted(set(got)) == sorted(set(expected))
+
+
+def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path: Path, upstream: FakeUpstream) -> None:
+    with pytest.raises(TrainingError, match=r"stopped at step 3: .*NaN.* last good checkpoint is .*step_2"):
+        train(_config(tmp_path, max_steps=5, save_every=1, eval_examples=0),
+              backend=RecordingBackend(upstream.base_url, fail_at_step=3), benchmark=YesNoBenchmark(),
+              progress=False)
+    assert latest_checkpoint(tmp_path / "run" / "checkpoints") == tmp_path / "run" / "checkpoints" / "step_2"
+
+
+def test_step_without_trainable_calls_is_skipped_with_reason(tmp_path: Path, upstream: FakeUpstream) -> None:
+    @rollout
+    def no_llm(task: object, config: object) -> str:
+        return "yes"
+
+    backend = RecordingBackend(upstream.base_url)
+    result = train(_config(tmp_path, max_steps=1, eval_examples=0), backend=backend, benchmark=YesNoBenchmark(),
+                   rollout=no_llm, progress=False)
+    assert backend.batches == []
+    assert "no LLM calls were recorded" in result.history[0]["skipped"]
+
+
+def test_time_budget_stops_with_a_checkpoint(tmp_path: Path, upstream: FakeUpstream) -> None:
+    result = train(_config(tmp_path, max_steps=50, save_every=10, eval_examples=0, max_minutes=1e-6),
+                   backend=RecordingBackend(upstream.base_url), benchmark=YesNoBenchmark(), progress=False)
+    assert result.steps_done == 1 and result.last_checkpoint == tmp_path / "run" / "checkpoints" / "step_1"
+
+
+def test_group_rejection_skips_flat_groups(tmp_path: Path) -> None:
+    with start_fake_upstream(lambda body: "yes") as up:  # every answer right: every group too easy
+        result = train(_config(tmp_path, max_steps=1, eval_examples=0, rejection="group"),
+                       backend=RecordingBackend(up.base_url), benchmark=YesNoBenchmark(), progress=False)
+    m = result.history[0]
+    assert m["groups/frac_too_easy"] == 1.0 and "rejection sampling dropped every group" in m["skipped"]
+
+
+def test_bad_input_is_reported_clearly(tmp_path: Path, upstream: FakeUpstream) -> None:
+    with pytest.raises(ConfigError, match=r"group_size=1.*--group-size 2 or more"):
+        load_config(None, group_size=1, algo="grpo")
+    assert load_config(None, group_size=1, algo="reinforce").group_size == 1
+    with pytest.raises(ConfigError, match="lr"):
+        load_config(None, lr=-1)
+    bad = tmp_path / "train.yaml"
+    bad.write_text("group_size: 4\nunknown_option: 1\n")
+    with pytest.raises(ConfigError, match="unknown_option"):
+        load_config(bad)
+    with pytest.raises(ConfigError, match="no reward function"):
+        train(_config(tmp_path), backend=RecordingBackend(upstream.base_url), benchmark=YesNoBenchmark(reward=""),
+              progress=False)
+    with pytest.raises(ConfigError, match=r"must look like 'my_pkg\.agents:solve'"):
+        train(_config(tmp_path, agent="nocolon"), backend=RecordingBackend(upstream.base_url),
+              benchmark=YesNoBenchmark(), progress=False)
+
+
+def test_toml_config_and_role_map(tmp_path: Path) -> None:
+    f = tmp_path / "train.toml"
+    f.write_text('benchmark = "gsm8k"\ngroup-size = 8\n[algo]\nsolver = "grpo"\njudge = "reinforce"\n')
+    cfg = load_config(f, lr=1e-5)
+    assert cfg.group_size == 8 and cfg.algo == {"solver": "grpo", "judge": "reinforce"} and cfg.lr == 1e-5
+
+
+CHILD = textwrap.dedent("""
+    import sys, time
+    from pathlib import Path
+    from rllm_core.backend import RecordingBackend
+    from rllm_core.testing.fake_upstream import start_fake_upstream
+    from rllm_core.training.config import TrainConfig
+    from rllm_core.training.loop import train
+    from rllm_core.training.testing import YesNoBenchmark, alternating_responder
+
+    out, phase = Path(sys.argv[1]), sys.argv[2]
+
+    class Hanging(RecordingBackend):
+        def train_step(self, rows):
+            if phase == "train" and self.steps_done == 2:
+                (out / "hanging").write_text("train"); time.sleep(120)
+            return super().train_step(rows)
+        def save(self, path):
+            if phase == "save" and self.steps_done == 3:
+                (Path(path) / "half-written.bin").write_bytes(b"x" * 1000)
+                (out / "hanging").write_text("save"); time.sleep(120)
+            super().save(path)
+
+    with start_fake_upstream(alternating_responder()) as up:
+        cfg = TrainConfig(benchmark="yesno", batch_size=2, group_size=2, max_steps=6, save_every=1,
+                          eval_examples=0, output=str(out / "run"), max_tokens=8)
+        train(cfg, backend=Hanging(up.base_url), benchmark=YesNoBenchmark(), progress=False)
+""")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("phase", ["train", "save"])
+def test_sigkill_mid_step_resumes_from_last_good_checkpoint(tmp_path: Path, phase: str) -> None:
+    script = tmp_path / "child.py"
+    script.write_text(CHILD)
+    proc = subprocess.Popen([sys.executable, str(script), str(tmp_path), phase], cwd=tmp_path,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    try:
+        deadline = time.time() + 90
+        while not (tmp_path / "hanging").exists():
+            assert proc.poll() is None, proc.stdout.read().decode() if proc.stdout else ""
+            assert time.time() < deadline, "child never reached the hanging point"
+            time.sleep(0.1)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    ckpts = tmp_path / "run" / "checkpoints"
+    # "train" hangs inside step 3's update, "save" while writing step 3's checkpoint: step 2 is the last good one
+    assert latest_checkpoint(ckpts) == ckpts / "step_2"
+    if phase == "save":
+        assert list(ckpts.glob(".tmp-step_3-*")), "the half-written checkpoint should be a temp dir"
+    with start_fake_upstream(alternating_responder()) as up:
+        backend = RecordingBackend(up.base_url)
+        cfg = TrainConfig(benchmark="yesno", batch_size=2, group_size=2, max_steps=4, save_every=1,
+                          eval_examples=0, output=str(tmp_path / "run"), max_tokens=8)
+        result = train(cfg, backend=backend, benchmark=YesNoBenchmark(), resume=True, progress=False)
+    assert backend.steps_done == 4 and result.steps_done == 4
+    assert not list(ckpts.glob(".tmp-*"))
+    assert [m["step"] for m in RunDir(tmp_path / "run").read_metrics()] == [1, 2, 3, 4]
