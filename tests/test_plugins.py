@@ -91,3 +91,16 @@ def test_failed_plugin_reported_and_cli_still_works(monkeypatch) -> None:
         assert "zz_broken" in result.output and "no_such_module_xyz" in result.output
     finally:
         reset_plugin_manager()
+
+
+def test_loading_all_plugins_stays_light() -> None:
+    """`rllm --help` and the gateway load every plugin: none of them may import torch at load time."""
+    import subprocess
+    import sys
+
+    code = ("import sys; from rllm_core.plugins import get_plugin_manager; pm = get_plugin_manager(); "
+            "print([i.name for i in pm.infos if i.error]); print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
+    failed, torch_loaded = out.stdout.strip().splitlines()
+    assert failed == "[]", out.stdout + out.stderr
+    assert torch_loaded == "False"

@@ -24,19 +24,12 @@ from collections.abc import Hashable, Mapping, Sequence
 
 import torch
 
+from rllm_core.algorithms.names import ESTIMATORS, check_estimator, requires_groups
 from rllm_core.errors import ConfigError
 
 __all__ = ["ESTIMATORS", "compute_advantages", "estimator_for_role", "requires_groups"]
 
 EPS = 1e-6
-ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce", "reinforce_plus_plus_baseline")
-_GROUP_ESTIMATORS = {"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"}
-
-
-def requires_groups(estimator: str) -> bool:
-    """True when the estimator needs ≥ 2 attempts per task to produce any signal."""
-    _check_name(estimator)
-    return estimator in _GROUP_ESTIMATORS
 
 
 def estimator_for_role(role: str, estimator: str | Mapping[str, str], default: str = "grpo") -> str:
@@ -45,10 +38,6 @@ def estimator_for_role(role: str, estimator: str | Mapping[str, str], default: s
         return estimator
     return estimator.get(role, estimator.get("*", default))
 
-
-def _check_name(estimator: str) -> None:
-    if estimator not in ESTIMATORS:
-        raise ConfigError(f"unknown advantage estimator {estimator!r}; choose one of {', '.join(ESTIMATORS)}")
 
 
 def _group_index(group_ids: Sequence[Hashable]) -> torch.Tensor:
@@ -64,7 +53,7 @@ def compute_advantages(
     weights_B: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Advantages [B] for `rewards` [B] grouped by `group_ids` (see the module docstring for formulas)."""
-    _check_name(estimator)
+    check_estimator(estimator)
     rewards_B = torch.as_tensor(rewards, dtype=torch.float64).flatten()
     if rewards_B.numel() != len(group_ids):
         raise ConfigError(f"compute_advantages: {rewards_B.numel()} rewards but {len(group_ids)} group ids")

@@ -17,12 +17,12 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Sequence
 
+from rllm_core.algorithms.names import REJECTION_MODES
 from rllm_core.errors import ConfigError
 from rllm_core.types import Episode, TrajectoryGroup
 
 __all__ = ["REJECTION_MODES", "classify_rewards", "filter_groups"]
 
-REJECTION_MODES = ("none", "episode", "group")
 
 
 def classify_rewards(rewards: Sequence[float], tol: float = 1e-9) -> str:

@@ -32,12 +32,11 @@ from typing import Literal
 
 import torch
 
+from rllm_core.algorithms.names import AGG_MODES, LOSSES
 from rllm_core.errors import ConfigError
 
 __all__ = ["AGG_MODES", "LOSSES", "agg_loss", "kl_penalty", "policy_loss", "policy_loss_with_metrics"]
 
-LOSSES = ("ppo", "importance_sampling", "gspo")
-AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 AggMode = Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm"]
 
 

@@ -1,13 +1,11 @@
 """Training: config, packing of trajectories into train rows, the loop behind `rllm train`, checkpoints and
 the run directory. The algorithms themselves live in `rllm_core.algorithms`; backends implement
-`rllm_core.backend.Backend`."""
+`rllm_core.backend.Backend`. Names resolve lazily: loading the `rllm train` plugin must not load torch."""
 
-from rllm_core.training.checkpoints import latest_checkpoint, read_state, save_checkpoint
-from rllm_core.training.config import TrainConfig, load_config
-from rllm_core.training.loop import TrainResult, atrain, sample_tasks, train
-from rllm_core.training.metrics import PhaseTimer, episode_metrics
-from rllm_core.training.packing import TrainRow, pack_groups, pack_trajectory
-from rllm_core.training.rundir import RunDir
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __all__ = [
     "PhaseTimer",
@@ -26,3 +24,22 @@ __all__ = [
     "save_checkpoint",
     "train",
 ]
+
+_HOME = {
+    "latest_checkpoint": "checkpoints", "read_state": "checkpoints", "save_checkpoint": "checkpoints",
+    "TrainConfig": "config", "load_config": "config",
+    "TrainResult": "loop", "atrain": "loop", "sample_tasks": "loop", "train": "loop",
+    "PhaseTimer": "metrics", "episode_metrics": "metrics",
+    "TrainRow": "packing", "pack_groups": "packing", "pack_trajectory": "packing",
+    "RunDir": "rundir",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'rllm_core.training' has no attribute {name!r}")
+    return getattr(importlib.import_module(f"rllm_core.training.{_HOME[name]}"), name)
+
+
+def __dir__() -> list[str]:
+    return sorted(__all__)

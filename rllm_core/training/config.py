@@ -10,7 +10,7 @@ from typing import Any, Literal
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from rllm_core.algorithms import AGG_MODES, ESTIMATORS, LOSSES, REJECTION_MODES, requires_groups
+from rllm_core.algorithms.names import AGG_MODES, ESTIMATORS, LOSSES, REJECTION_MODES, requires_groups
 from rllm_core.errors import ConfigError
 
 __all__ = ["TrainConfig", "load_config"]
