@@ -33,6 +33,8 @@ from rich.table import Table
 MODES = [(1, False), (1, True), (32, False), (32, True)]
 """(concurrency, streaming) pairs; each gets calls / 4 calls per target."""
 
+WARMUP_CALLS = 40
+
 MESSAGES = [
     {"role": "system", "content": "You are a careful assistant. Answer briefly. " * 4},
     {"role": "user", "content": "What is the capital of France? Explain your reasoning step by step."},
@@ -154,7 +156,7 @@ def bench_target(name: str, urls_for: Callable[[int], list[str]], proc: subproce
                  calls: int, progress: Progress) -> list[Result]:
     results = []
     per_mode = max(1, calls // len(MODES))
-    asyncio.run(run_load(urls_for(4), 40, 4, False, progress, f"{name}: warm-up"))
+    asyncio.run(run_load(urls_for(4), WARMUP_CALLS, 4, False, progress, f"{name}: warm-up"))
     for conc, stream in MODES:
         before = cpu_seconds(proc)
         lat, err = asyncio.run(run_load(urls_for(conc), per_mode, conc, stream, progress,
@@ -167,6 +169,21 @@ def bench_target(name: str, urls_for: Callable[[int], list[str]], proc: subproce
 
 def sessions(base: str, n: int) -> list[str]:
     return [f"{base}/sessions/bench-{i}/v1" for i in range(n)]
+
+
+def recorded_steps(base: str, n: int = 32) -> tuple[int, int]:
+    """(Steps our gateway recorded over the bench sessions, how many carry the server's ids and logprobs):
+    the cost above is the cost of really recording every call."""
+    import json
+    import urllib.request
+
+    total = trainable = 0
+    for i in range(n):
+        with urllib.request.urlopen(f"{base}/sessions/bench-{i}/steps", timeout=30) as r:
+            steps = json.loads(r.read())
+        total += len(steps)
+        trainable += sum(1 for s in steps if s["token_source"] == "server" and s["logprobs"] and not s["error"])
+    return total, trainable
 
 
 def report(all_results: dict[str, list[Result]]) -> None:
@@ -224,6 +241,10 @@ def main() -> None:
                 if proc is not None:
                     results["rllm-gateway"] = bench_target(
                         "rllm-gateway", lambda n: sessions(f"http://127.0.0.1:{port}", n), proc, calls, progress)
+                    sent = sum(len(r.latencies_s) + r.errors for r in results["rllm-gateway"]) + WARMUP_CALLS
+                    total, trainable = recorded_steps(f"http://127.0.0.1:{port}")
+                    console.print(f"rllm-gateway recorded {total} Steps for {sent} calls; {trainable} with the "
+                                  "server's token ids and logprobs")
             if not args.skip_peer:
                 try:
                     import rllm_model_gateway  # noqa: F401

@@ -62,6 +62,7 @@ class EpisodeContext:
     tokenizer: Any = None
     """Used to retokenize calls to upstreams that return no token ids (marked token_source='retokenized')."""
     adhoc: bool = False
+    """True for an episode an adapter opened itself (its agent ran outside `@rllm.rollout`)."""
 
 
 _episode: contextvars.ContextVar[EpisodeContext | None] = contextvars.ContextVar(

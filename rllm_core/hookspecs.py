@@ -13,7 +13,8 @@ Registration hooks return lists of specs (each module that consumes them defines
 
 Event hooks are called for every plugin that implements them; an exception in one is logged, not raised:
 
-- ``rllm_on_llm_call(step)``        right after a Step is recorded (gateway or in-process)
+- ``rllm_on_llm_call(step)``        right after a Step is recorded (gateway or in-process); it runs on the
+                                    gateway's event loop or the agent's thread, so keep it quick
 - ``rllm_on_episode_end(episode)``  when a rollout has produced its Episode (before rewards are applied)
 """
 

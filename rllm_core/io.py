@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
@@ -47,7 +46,7 @@ def write_parquet(path: str | Path, episodes: Iterable[Episode]) -> int:
         import pyarrow as pa
         import pyarrow.parquet as pq
     except ImportError as exc:
-        raise ConfigError("Parquet needs pyarrow: pip install pyarrow") from exc
+        raise ConfigError("Parquet needs pyarrow: pip install 'rllm[parquet]'") from exc
     eps = list(episodes)
     table = pa.table({
         "id": [e.id for e in eps],
@@ -60,7 +59,10 @@ def write_parquet(path: str | Path, episodes: Iterable[Episode]) -> int:
 
 
 def read_parquet(path: str | Path) -> list[Episode]:
-    import pyarrow.parquet as pq
+    try:
+        import pyarrow.parquet as pq
+    except ImportError as exc:
+        raise ConfigError("Parquet needs pyarrow: pip install 'rllm[parquet]'") from exc
 
     col = pq.read_table(str(path), columns=["episode_json"]).column("episode_json").to_pylist()
-    return [Episode.model_validate(json.loads(s)) for s in col]
+    return [Episode.model_validate_json(s) for s in col]

@@ -101,10 +101,17 @@ class PluginManager:
                     PluginInfo(ep.name, version=version, source=ep.value, error=f"{type(exc).__name__}: {exc}")
                 )
                 continue
-            self.register(plugin, name=ep.name, version=version, source=ep.value)
+            try:
+                self.register(plugin, name=ep.name, version=version, source=ep.value)
+            except PluginError as exc:  # hooks that do not match the specs: reported and skipped, like an import error
+                log.warning("rllm plugin %r skipped: %s", ep.name, exc)
+                self.infos.append(PluginInfo(ep.name, version=version, source=ep.value, error=str(exc)))
 
     def register(self, plugin: Any, name: str, version: str | None = None, source: str = "") -> None:
         """Register `plugin` (module or object with hookimpls); checked against the specs right here."""
+        if self.pm.has_plugin(name) or self.pm.is_registered(plugin):
+            raise PluginError(f"a plugin named {name!r} (or this same object) is already registered; "
+                              "give the second one another name or unregister the first")
         try:
             self.pm.register(plugin, name=name)
             self.pm.check_pending()
@@ -119,15 +126,37 @@ class PluginManager:
         """Call an event hook on every plugin; one plugin's exception is logged, never raised into a run."""
         for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
             try:
-                impl.function(**kwargs)
+                _call(impl, kwargs)
             except Exception:
                 log.exception("rllm plugin %r failed in %s", impl.plugin_name, hook_name)
 
+    def call_each(self, hook_name: str, **kwargs: Any) -> list[Any]:
+        """Call a registration hook on each plugin separately, in registration order (entry points by name, then
+        plugins registered by hand); return the results.
+
+        A plugin whose hook raises is logged and reported (`rllm plugins` shows it) and left out, so one
+        broken plugin never takes the others, or the CLI, down.
+        """
+        results = []
+        for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
+            try:
+                results.append(_call(impl, kwargs))
+            except Exception as exc:
+                log.warning("rllm plugin %r failed in %s: %s", impl.plugin_name, hook_name, exc)
+                self.report_error(impl.plugin_name, f"{hook_name}: {type(exc).__name__}: {exc}")
+        return results
+
     def _collect(self, hook_name: str) -> list[Any]:
-        out: list[Any] = []
-        for result in getattr(self.pm.hook, hook_name)():
-            out.extend(result or [])
-        return out
+        """Concatenate every plugin's registration list."""
+        return [item for result in self.call_each(hook_name) for item in result or []]
+
+    def report_error(self, name: str, error: str) -> None:
+        """Attach an error to plugin `name` (shown by `rllm plugins`), e.g. when one of its hooks raised."""
+        for info in self.infos:
+            if info.name == name:
+                info.error = error if info.error is None or error in info.error else f"{info.error}; {error}"
+                return
+        self.infos.append(PluginInfo(name, error=error))
 
     def adapters(self) -> list[AdapterSpec]:
         return self._collect("rllm_register_adapters")
@@ -137,6 +166,11 @@ class PluginManager:
 
     def benchmarks(self) -> list[Any]:
         return self._collect("rllm_register_benchmarks")
+
+
+def _call(impl: pluggy.HookImpl, kwargs: dict[str, Any]) -> Any:
+    """Call one hook implementation with the arguments it declares (pluggy lets it take fewer than the spec)."""
+    return impl.function(**{name: kwargs[name] for name in impl.argnames})
 
 
 _manager: PluginManager | None = None

@@ -13,19 +13,26 @@ An exception inside the function never escapes `run` / `arun`: the Episode ends 
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import inspect
+import sys
+import threading
 import time
 import traceback
 import uuid
 from collections.abc import Callable
-from typing import Any
+from concurrent.futures import ThreadPoolExecutor
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from rllm_core.context import EpisodeContext, episode_scope
 from rllm_core.errors import ConfigError
 from rllm_core.types import Episode, Step, Task, Trajectory
+
+if TYPE_CHECKING:  # the gateway (aiohttp) is imported on first run, not by `import rllm`
+    from rllm_core.gateway.client import GatewayClient
 
 __all__ = ["Rollout", "RolloutConfig", "as_rollout", "build_episode", "rollout"]
 
@@ -61,6 +68,16 @@ class Rollout:
     def __repr__(self) -> str:
         return f"<rllm.rollout {self.name}>"
 
+    def __reduce__(self) -> str | tuple[Any, ...]:
+        """Pickle by reference when the decorated name is importable (the module attribute is this object, not
+        the function, so plain pickle would refuse), else by value: rollouts travel to worker processes."""
+        obj: Any = sys.modules.get(getattr(self.fn, "__module__", None) or "")
+        for part in getattr(self.fn, "__qualname__", "").split("."):
+            obj = getattr(obj, part, None)
+        if obj is self:
+            return str(self.fn.__qualname__)
+        return (Rollout, (self.fn, self.name))
+
     def run(self, task: Task | dict[str, Any], **kwargs: Any) -> Episode:
         """Run one episode synchronously (not from inside a running event loop: use `arun` there)."""
         try:
@@ -75,7 +92,7 @@ class Rollout:
         *,
         base_url: str | None = None,
         model: str = "default",
-        gateway: Any = None,
+        gateway: GatewayClient | None = None,
         api_key: str | None = None,
         session_id: str | None = None,
         timeout_s: float | None = None,
@@ -87,34 +104,27 @@ class Rollout:
     ) -> Episode:
         """Run one episode: open a gateway session, call the function, collect its steps into an Episode.
 
-        `base_url` is the upstream (e.g. the local policy server); `gateway` an already running gateway
-        handle to use instead of the shared in-process one.
+        `base_url` is the upstream (e.g. the local policy server) and `api_key` its key; the shared in-process
+        gateway is put in front of it. `gateway` is a gateway to use instead (a `GatewayHandle`, or a
+        `RemoteGateway` for one in another process). `tokenizer` (a path or a tokenizer object) rebuilds the
+        ids of calls whose upstream returned none (`token_source="retokenized"`); extra keyword arguments
+        become fields of the function's `config`.
         """
         from rllm_core.capture.inprocess import install as install_capture
-        from rllm_core.gateway import UpstreamConfig, shared_gateway
+        from rllm_core.capture.retokenize import retokenize_step
         from rllm_core.plugins import get_plugin_manager
 
         get_plugin_manager()  # load plugins before the agent runs: capture plugins must see its first call
         task = task if isinstance(task, Task) else Task.model_validate(task)
         if gateway is None:
-            if base_url is None:
-                raise ConfigError("rollout.arun needs base_url= (the model endpoint) or gateway=")
-            try:
-                upstream = UpstreamConfig(
-                    url=base_url,
-                    api_key=api_key,
-                    inject_token_ids=inject_token_ids,
-                    tokenizer=tokenizer if isinstance(tokenizer, str) else None,
-                )
-            except ValueError as exc:
-                raise ConfigError(f"bad model endpoint base_url={base_url!r}: {exc}") from exc
-            gateway = shared_gateway([upstream])
+            gateway = _gateway_for(base_url, api_key, inject_token_ids, tokenizer)
         install_capture()
         sid = session_id or uuid.uuid4().hex
         config = RolloutConfig(
             base_url=gateway.session_base_url(sid),
             model=model,
             session_id=sid,
+            api_key=gateway.client_api_key or "EMPTY",
             upstream_url=base_url,
             sampling=dict(sampling or {}),
             **extra,
@@ -138,7 +148,8 @@ class Rollout:
             except Exception:
                 termination, error = "error", traceback.format_exc()
             finally:
-                steps = gateway.take_steps(sid) + ctx.recorder.steps()
+                steps = [retokenize_step(s, tokenizer) for s in await gateway.atake_steps(sid)]
+                steps += ctx.recorder.steps()
         episode = build_episode(task, result, steps, default_name=self.name, episode_id=sid)
         episode.attempt = attempt
         episode.rollout = self.name
@@ -152,6 +163,30 @@ class Rollout:
         return episode
 
 
+def _gateway_for(base_url: str | None, api_key: str | None, inject_token_ids: bool | None,
+                 tokenizer: Any) -> GatewayClient:
+    """The shared in-process gateway in front of `base_url` (started on first use)."""
+    from rllm_core.gateway import UpstreamConfig, shared_gateway
+
+    if base_url is None:
+        raise ConfigError("rollout.arun needs base_url= (the model endpoint, ending in /v1) or gateway=")
+    try:
+        upstream = UpstreamConfig(url=base_url, api_key=api_key, inject_token_ids=inject_token_ids,
+                                  tokenizer=tokenizer if isinstance(tokenizer, str) else None)
+    except ValueError as exc:
+        raise ConfigError(f"bad model endpoint base_url={base_url!r}: {_first_error(exc)}") from None
+    return shared_gateway([upstream])
+
+
+def _first_error(exc: ValueError) -> str:
+    """The message of a pydantic ValidationError without its boilerplate (or the error as is)."""
+    errors = getattr(exc, "errors", None)
+    if callable(errors):
+        first = errors()[0]
+        return str(first.get("ctx", {}).get("error") or first.get("msg"))
+    return str(exc)
+
+
 async def _invoke(fn: Callable[..., Any], task: Task, config: RolloutConfig) -> Any:
     """Call sync / async / awaitable-returning / async-generator functions alike; return the final value."""
     if inspect.isasyncgenfunction(fn):
@@ -161,11 +196,28 @@ async def _invoke(fn: Callable[..., Any], task: Task, config: RolloutConfig) -> 
         return last
     if inspect.iscoroutinefunction(fn):
         return await fn(task, config)
-    # Sync: run in a worker thread (asyncio.to_thread copies the context, so capture still attributes calls).
-    out = await asyncio.to_thread(fn, task, config)
+    # Sync: run in a worker thread of our own pool, with a copy of the context (so capture still attributes
+    # calls). Not asyncio.to_thread: the loop's default pool has min(32, cpus + 4) threads (6 on 2 cores), which
+    # would cap an engine running 16 or 64 blocking agents at once, and starve its graders of threads.
+    ctx = contextvars.copy_context()
+    out = await asyncio.get_running_loop().run_in_executor(_agent_pool(), ctx.run, fn, task, config)
     if inspect.isawaitable(out):
         return await out
     return out
+
+
+_AGENT_THREADS = 256
+"""Blocking agents that can run at once: they mostly wait on HTTP, so threads are cheap here."""
+_pool: ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _agent_pool() -> ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(_AGENT_THREADS, thread_name_prefix="rllm-agent")
+        return _pool
 
 
 def _split_by_agent(steps: list[Step], default_name: str) -> list[Trajectory]:

@@ -39,7 +39,9 @@ def _new_id() -> str:
 
 
 class _Record(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=False)
+    # NaN / ±Infinity (a -inf logprob, a NaN metric) are written as JSON constants, not null: the round trip stays
+    # exact and a record with one never becomes unreadable.
+    model_config = ConfigDict(extra="forbid", validate_assignment=False, ser_json_inf_nan="constants")
 
 
 class Step(_Record):
@@ -81,6 +83,9 @@ class Step(_Record):
             )
         if lps is not None and ids is None:
             raise ValueError(f"Step {self.id}: logprobs given without completion_token_ids")
+        for name, seq in (("prompt_token_ids", self.prompt_token_ids), ("completion_token_ids", ids)):
+            if seq and min(seq) < 0:  # caught here, not as an index error inside an embedding lookup
+                raise ValueError(f"Step {self.id}: {name} contains a negative id ({min(seq)}); token ids are >= 0")
         if self.token_source != "none" and (self.prompt_token_ids is None or ids is None):
             raise ValueError(
                 f"Step {self.id}: token_source={self.token_source!r} needs prompt_token_ids and "
@@ -112,8 +117,6 @@ class Trajectory(_Record):
 
 class Task(_Record):
     """One problem to attempt: what the agent is told, and what the reward function checks against."""
-
-    model_config = ConfigDict(extra="forbid")
 
     id: str
     instruction: str | list[dict[str, Any]] = ""

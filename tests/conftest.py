@@ -30,3 +30,20 @@ def shared_data_dir() -> Path:
     path = Path(os.environ.get("RLLM_DATA_DIR", SHARED_DATA))
     assert path.is_dir(), f"benchmark data not found at {path}; set RLLM_DATA_DIR to the shared data folder"
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A real (word-level) Hugging Face tokenizer with a chat template, built offline in a temp folder."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = ["<unk>", "</s>", "<|user|>", "<|assistant|>", "ok:", "hello", "there", "2+2="]
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>")
+    fast.chat_template = ("{% for m in messages %}<|{{ m.role }}|> {{ m.content }} {% endfor %}"
+                          "{% if add_generation_prompt %}<|assistant|> {% endif %}")
+    path = tmp_path_factory.mktemp("tok")
+    fast.save_pretrained(path)
+    return path

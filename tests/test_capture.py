@@ -4,7 +4,6 @@ the shared assembler on its own: ids and logprobs recorded must equal what the u
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -190,23 +189,6 @@ def test_assembler_faults_become_errors_not_exceptions():
 
 
 # ---------------------------------------------------------------------------- retokenization
-@pytest.fixture(scope="module")
-def tiny_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A real (word-level) Hugging Face tokenizer with a chat template, built offline in a temp folder."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = ["<unk>", "</s>", "<|user|>", "<|assistant|>", "ok:", "hello", "there", "2+2="]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    fast = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="<unk>", eos_token="</s>")
-    fast.chat_template = ("{% for m in messages %}<|{{ m.role }}|> {{ m.content }} {% endfor %}"
-                          "{% if add_generation_prompt %}<|assistant|> {% endif %}")
-    path = tmp_path_factory.mktemp("tok")
-    fast.save_pretrained(path)
-    return path
-
-
 @pytest.mark.slow
 def test_upstream_without_ids_is_retokenized_and_marked(fake_upstream, tiny_tokenizer):
     up = UpstreamConfig(url=fake_upstream.base_url, inject_token_ids=False, tokenizer=str(tiny_tokenizer))
@@ -259,3 +241,18 @@ def test_a_server_that_compresses_anyway_is_still_recorded(ctx, streamed):
     [step] = ctx.recorder.steps()
     assert step.prompt_token_ids == [1, 2] and step.completion_token_ids == [7, 8]
     assert step.logprobs == [-0.5, -0.25] and step.text == "hi" and step.trainable
+
+
+@pytest.mark.parametrize("stream", [False, True])
+async def test_async_completions_endpoint_in_process(fake_upstream, ctx, stream):
+    client = openai.AsyncOpenAI(base_url=fake_upstream.base_url, api_key="x", max_retries=0)
+    with episode_scope(ctx):
+        out = await client.completions.create(model="m", prompt="2+2=", max_tokens=64, stream=stream)
+        text = "".join([c.choices[0].text async for c in out if c.choices]) if stream else out.choices[0].text
+    await client.close()
+    assert text == "ok: 2+2="
+    [step] = ctx.recorder.steps()
+    ids = encode("ok: 2+2=")
+    assert step.endpoint == "completions" and step.prompt == "2+2=" and step.token_source == "server"
+    assert step.prompt_token_ids == encode("2+2=") and step.completion_token_ids == ids
+    assert step.logprobs == [token_logprob(t) for t in ids] and step.trainable

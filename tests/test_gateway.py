@@ -4,6 +4,7 @@ logprob must equal what the upstream sent, exactly; what the client did not ask 
 from __future__ import annotations
 
 import json
+import logging
 from typing import Any
 
 import httpx
@@ -169,18 +170,35 @@ def test_no_inject_upstream_keeps_text_and_marks_untrainable(fake_upstream):
     assert step.completion_token_ids is None and step.logprobs is None
 
 
-def test_bearer_token_required_and_upstream_key_never_leaks(fake_upstream):
+def test_bearer_token_required_and_upstream_key_never_leaks(fake_upstream, caplog):
+    caplog.set_level(logging.DEBUG)
     up = UpstreamConfig(url=fake_upstream.base_url, api_key="sk-upstream-secret")
-    assert "sk-upstream-secret" not in repr(up)
+    assert "sk-upstream-secret" not in repr(up) and "sk-upstream-secret" not in str(up)
     with start_gateway([up], api_key="gw-key") as gw:
+        assert "sk-upstream-secret" not in repr(gw)
         r = httpx.post(gw.session_base_url("a") + "/chat/completions", json={"model": "m", "messages": MSGS})
         assert r.status_code == 401 and "Bearer" in r.json()["error"]["message"]
         assert httpx.get(f"{gw.url}/sessions/a/steps").status_code == 401
+        assert httpx.post(f"{gw.url}/sessions/a/take").status_code == 401
         client = openai.OpenAI(base_url=gw.session_base_url("a"), api_key="gw-key", max_retries=0)
         client.chat.completions.create(model="m", messages=MSGS)
+        with pytest.raises(openai.InternalServerError):  # an upstream error is recorded, and logged nowhere
+            client.chat.completions.create(model="m", messages=MSGS, n="two")  # type: ignore[arg-type]
         steps_json = httpx.get(f"{gw.url}/sessions/a/steps", headers={"Authorization": "Bearer gw-key"}).text
-    assert len(json.loads(steps_json)) == 1
+    assert len(json.loads(steps_json)) == 2
+    # the upstream got its own key, never the gateway's
+    assert fake_upstream.authorizations[-2:] == ["Bearer sk-upstream-secret"] * 2
     assert "sk-upstream-secret" not in steps_json and "gw-key" not in steps_json
+    assert "sk-upstream-secret" not in caplog.text
+
+
+def test_binds_loopback_unless_told_and_take_route_frees(gateway):
+    assert [addr[0] for addr in gateway.addresses] == ["127.0.0.1"]
+    client_for(gateway, "tk").chat.completions.create(model="m", messages=MSGS)
+    taken = httpx.post(f"{gateway.url}/sessions/tk/take").json()
+    assert len(taken) == 1
+    assert_server_tokens(Step.model_validate(taken[0]), "ok: hello there")
+    assert httpx.post(f"{gateway.url}/sessions/tk/take").json() == [] and gateway.store.sessions() == []
 
 
 def test_sessions_stick_to_one_upstream_and_new_ones_spread():
@@ -210,11 +228,11 @@ def test_public_surface_is_pinned():
     import rllm_core.gateway as gateway_pkg
 
     assert sorted(gateway_pkg.__all__) == sorted([
-        "AGENT_HEADER", "DEFAULT_SESSION", "SESSION_HEADER", "GatewayConfig", "GatewayHandle", "SessionStore",
-        "UpstreamConfig", "create_app", "shared_gateway", "start_gateway"])
+        "AGENT_HEADER", "DEFAULT_SESSION", "SESSION_HEADER", "GatewayClient", "GatewayConfig", "GatewayHandle",
+        "RemoteGateway", "SessionStore", "UpstreamConfig", "create_app", "shared_gateway", "start_gateway"])
     assert sorted(capture.__all__) == sorted([
         "CallAssembler", "CallRequest", "endpoint_of", "error_step", "install", "is_installed", "is_loopback",
-        "prepare_call", "resolve_tokenizer", "retokenize", "uninstall"])
+        "prepare_call", "resolve_tokenizer", "retokenize", "retokenize_step", "uninstall"])
     assert UpstreamConfig(url="http://127.0.0.1:1/v1/").url == "http://127.0.0.1:1/v1"
     assert UpstreamConfig(url="http://127.0.0.1:1/v1").inject
     assert not UpstreamConfig(url="https://api.example.com/v1").inject

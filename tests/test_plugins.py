@@ -62,11 +62,17 @@ def test_event_hook_errors_are_logged_not_raised(caplog) -> None:
         def rllm_on_llm_call(self, step):
             seen.append(step.id)
 
+    class Counter:  # pluggy lets an implementation take fewer arguments than its spec
+        @hookimpl
+        def rllm_on_llm_call(self):
+            seen.append("counted")
+
     pm.register(Broken(), name="broken")
     pm.register(Good(), name="good")
+    pm.register(Counter(), name="counter")
     pm.emit("rllm_on_episode_end", episode=Episode(task=Task(id="t")))
     pm.emit("rllm_on_llm_call", step=Step(id="s1"))
-    assert seen == ["s1"]
+    assert seen == ["s1", "counted"]
     assert "plugin bug" in caplog.text
 
 
@@ -94,13 +100,92 @@ def test_failed_plugin_reported_and_cli_still_works(monkeypatch) -> None:
 
 
 def test_loading_all_plugins_stays_light() -> None:
-    """`rllm --help` and the gateway load every plugin: none of them may import torch at load time."""
+    """`rllm --help` and the gateway load every plugin: none of them may import torch (seconds) or the
+    gateway's aiohttp server (~0.3 s) at load time."""
     import subprocess
     import sys
 
     code = ("import sys; from rllm_core.plugins import get_plugin_manager; pm = get_plugin_manager(); "
-            "print([i.name for i in pm.infos if i.error]); print('torch' in sys.modules)")
+            "print([i.name for i in pm.infos if i.error]); print('torch' in sys.modules, 'aiohttp' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    failed, torch_loaded = out.stdout.strip().splitlines()
+    failed, heavy_loaded = out.stdout.strip().splitlines()
     assert failed == "[]", out.stdout + out.stderr
-    assert torch_loaded == "False"
+    assert heavy_loaded == "False False"
+
+
+def test_plugin_with_hooks_that_do_not_match_is_reported_and_skipped(monkeypatch) -> None:
+    """An entry point that imports fine but whose hooks are wrong must not take the manager (or CLI) down."""
+    import importlib.metadata as md
+    import sys
+
+    bad = types.ModuleType("rllm_test_bad_hooks")
+
+    @hookimpl
+    def rllm_register_backends(config):  # the spec takes no argument
+        return []
+
+    bad.rllm_register_backends = rllm_register_backends
+    monkeypatch.setitem(sys.modules, "rllm_test_bad_hooks", bad)
+    real = md.entry_points
+    monkeypatch.setattr("rllm_core.plugins.entry_points", lambda group: [
+        *real(group=group), md.EntryPoint(name="zz_bad_hooks", value="rllm_test_bad_hooks", group=group)])
+    pm = PluginManager()
+    [info] = [i for i in pm.infos if i.name == "zz_bad_hooks"]
+    assert "does not match rllm's hook specs" in (info.error or "")
+    assert not pm.pm.has_plugin("zz_bad_hooks")
+    assert "local" in pm.backends()  # the others still load
+
+
+def test_registration_hook_that_raises_is_reported_not_fatal(caplog) -> None:
+    pm = PluginManager(load_entry_points=False)
+
+    class Crashes:
+        @hookimpl
+        def rllm_register_adapters(self):
+            raise RuntimeError("optional dependency missing")
+
+    class Fine:
+        @hookimpl
+        def rllm_register_adapters(self):
+            return [AdapterSpec(name="fine", module="fine", framework="fine")]
+
+    pm.register(Fine(), name="fine")
+    pm.register(Crashes(), name="crashes")
+    assert [a.name for a in pm.adapters()] == ["fine"]
+    [info] = [i for i in pm.infos if i.name == "crashes"]
+    assert info.error == "rllm_register_adapters: RuntimeError: optional dependency missing"
+    assert "optional dependency missing" in caplog.text
+
+
+def test_same_name_twice_is_a_clear_error() -> None:
+    pm = PluginManager(load_entry_points=False)
+    pm.register(types.SimpleNamespace(), name="one")
+    with pytest.raises(PluginError, match="already registered"):
+        pm.register(types.SimpleNamespace(), name="one")
+
+
+def test_cli_prints_rllm_errors_as_one_line(monkeypatch, capsys) -> None:
+    """A command that raises an RLLMError exits 2 with its message, never a traceback."""
+    import sys
+
+    from rllm_core.cli import main
+    from rllm_core.errors import ConfigError
+
+    class Boom:
+        @hookimpl
+        def rllm_register_commands(self, app):
+            @app.command("boom")
+            def boom() -> None:
+                raise ConfigError("the --flag is wrong; pass --flag 3")
+
+    reset_plugin_manager()
+    try:
+        get_plugin_manager().register(Boom(), name="boom")
+        monkeypatch.setattr(sys, "argv", ["rllm", "boom"])
+        with pytest.raises(SystemExit) as exit_info:
+            main()
+    finally:
+        reset_plugin_manager()
+    assert exit_info.value.code == 2
+    err = capsys.readouterr().err
+    assert "rllm: the --flag is wrong; pass --flag 3" in err and "Traceback" not in err

@@ -161,3 +161,112 @@ async def test_concurrent_episodes_do_not_mix(fake_upstream):
         [step] = ep.steps
         assert step.messages == [{"role": "user", "content": t.instruction}]
         assert_exact(step, str(t.instruction))
+
+
+async def test_blocking_agents_run_all_at_once_not_capped_by_the_default_pool(fake_upstream):
+    """40 sync agents must all be inside their function at the same time (the loop's default pool has at most
+    32 threads, 6 on a 2-core machine): the barrier breaks, and the episodes error, if they run a few at a time."""
+    import threading
+
+    n = 40
+    barrier = threading.Barrier(n, timeout=20)
+
+    @rllm.rollout
+    def blocking(task: Task, config: rllm.RolloutConfig) -> str:
+        barrier.wait()
+        return ask(config, str(task.instruction))
+
+    tasks = [Task(id=f"b{i}", instruction=f"b{i}") for i in range(n)]
+    eps = await asyncio.gather(*(blocking.arun(t, base_url=fake_upstream.base_url) for t in tasks))
+    assert [ep.error for ep in eps] == [None] * n
+    for t, ep in zip(tasks, eps, strict=True):
+        assert_exact(ep.steps[0], str(t.instruction))
+
+
+def test_a_gateway_in_another_process_through_remote_gateway(fake_upstream):
+    """What a Ray worker does: record through a gateway it did not start, with that gateway's bearer token."""
+    import pickle
+
+    from rllm_core.gateway import GatewayClient, RemoteGateway, UpstreamConfig, start_gateway
+
+    @rllm.rollout
+    def agent(task: Task, config: rllm.RolloutConfig) -> str:
+        assert config.api_key == "gw-secret"  # the agent is handed the key of the gateway it talks to
+        return ask(config, "remote")
+
+    with start_gateway([UpstreamConfig(url=fake_upstream.base_url)], api_key="gw-secret") as gw:
+        remote = pickle.loads(pickle.dumps(gw.remote()))  # as a Ray worker would receive it
+        assert isinstance(remote, RemoteGateway) and remote.url == gw.url
+        assert isinstance(remote, GatewayClient) and isinstance(gw, GatewayClient)
+        try:
+            ep = agent.run(TASK, gateway=remote, model="m")
+            assert gw.store.sessions() == []  # taken means freed, on the gateway's side too
+        finally:
+            remote.close()
+        with pytest.raises(rllm.RLLMError, match="refused the token"):
+            RemoteGateway(gw.url, api_key="wrong").take_steps("x")
+    assert ep.error is None and ep.artifacts == {"answer": "ok: remote"}
+    assert_exact(ep.steps[0], "remote")
+    with pytest.raises(rllm.RLLMError, match="unreachable"):
+        RemoteGateway(gw.url, timeout_s=2).take_steps("x")
+
+
+def test_tokenizer_object_retokenizes_calls_through_the_gateway(fake_upstream, tiny_tokenizer):
+    """A hosted-style upstream (no ids) and a tokenizer object: the gateway cannot load an object by path, so
+    the rollout rebuilds the ids of the steps it collects, and marks them."""
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(tiny_tokenizer)
+
+    @rllm.rollout
+    def agent(task: Task, config: rllm.RolloutConfig) -> str:
+        return ask(config, "hello there")
+
+    ep = agent.run(TASK, base_url=fake_upstream.base_url, inject_token_ids=False, tokenizer=tok)
+    [step] = ep.steps
+    assert "return_token_ids" not in fake_upstream.requests[-1]
+    assert step.token_source == "retokenized" and step.text == "ok: hello there"
+    assert step.prompt_token_ids == [2, 5, 6, 3] and step.completion_token_ids == [4, 5, 6, 1]
+
+
+def test_bad_endpoint_is_a_clear_config_error():
+    @rllm.rollout
+    def agent(task: Task, config: rllm.RolloutConfig) -> None:
+        return None
+
+    with pytest.raises(rllm.RLLMError, match=r"base_url='localhost:8000'.*must look like http://HOST:PORT/v1"):
+        agent.run(TASK, base_url="localhost:8000")
+    with pytest.raises(rllm.RLLMError, match="needs base_url="):
+        agent.run(TASK)
+
+
+def test_sync_function_timeout_returns_promptly(fake_upstream):
+    """A blocking agent past its timeout cannot be killed, but `run` returns at the timeout, not when it ends."""
+    import time
+
+    @rllm.rollout
+    def stuck(task: Task, config: rllm.RolloutConfig) -> None:
+        ask(config, "first")
+        time.sleep(3)
+
+    t0 = time.perf_counter()
+    ep = stuck.run(TASK, base_url=fake_upstream.base_url, timeout_s=0.5)
+    assert time.perf_counter() - t0 < 2.5
+    assert ep.termination_reason == "timeout" and len(ep.steps) == 1
+    assert_exact(ep.steps[0], "first")
+
+
+@rllm.rollout
+def module_level_agent(task: Task, config: rllm.RolloutConfig) -> str:
+    return ask(config, str(task.instruction))
+
+
+def test_rollouts_pickle_for_worker_processes(fake_upstream):
+    import pickle
+
+    again = pickle.loads(pickle.dumps(module_level_agent))
+    assert again is module_level_agent  # by reference: the decorated module attribute
+    by_value = pickle.loads(pickle.dumps(rllm.rollout(ask, name="asker")))
+    assert isinstance(by_value, rllm.Rollout) and by_value.name == "asker" and by_value.fn is ask
+    ep = again.run(TASK, base_url=fake_upstream.base_url)
+    assert_exact(ep.steps[0], "hello there")

@@ -23,6 +23,13 @@ def test_one_logprob_per_completion_token() -> None:
         _step(logprobs=[-0.1])
 
 
+def test_token_ids_are_not_negative() -> None:
+    with pytest.raises(ValidationError, match="completion_token_ids contains a negative id"):
+        _step(completion_token_ids=[4, -1])
+    with pytest.raises(ValidationError, match="prompt_token_ids contains a negative id"):
+        _step(prompt_token_ids=[-5])
+
+
 def test_server_tokens_need_ids() -> None:
     with pytest.raises(ValidationError, match="needs prompt_token_ids"):
         Step(token_source="server", completion_token_ids=[1])
@@ -95,3 +102,15 @@ def test_episode_steps_in_call_order_and_trajectory_lookup() -> None:
     assert e.trajectory("solver").name == "solver"
     with pytest.raises(KeyError, match="has no trajectory named 'judge'"):
         e.trajectory("judge")
+
+
+def test_infinite_and_nan_values_round_trip(tmp_path) -> None:
+    """A -inf logprob or a NaN metric must not turn a record into one that can no longer be read."""
+    import math
+
+    step = _step(logprobs=[float("-inf"), -0.5])
+    ep = Episode(task=Task(id="t"), trajectories=[Trajectory(steps=[step])], metrics={"loss": float("nan")})
+    write_jsonl(tmp_path / "e.jsonl", [ep])
+    [back] = read_jsonl(tmp_path / "e.jsonl")
+    assert back.trajectories[0].steps[0].logprobs == [float("-inf"), -0.5]
+    assert math.isnan(back.metrics["loss"])

@@ -7,7 +7,7 @@ One parser/assembler (`assemble.CallAssembler`) serves both transports: the gate
 from rllm_core.capture.assemble import CallAssembler, error_step
 from rllm_core.capture.inprocess import install, is_installed, uninstall
 from rllm_core.capture.request import CallRequest, endpoint_of, is_loopback, prepare_call
-from rllm_core.capture.retokenize import resolve_tokenizer, retokenize
+from rllm_core.capture.retokenize import resolve_tokenizer, retokenize, retokenize_step
 
 __all__ = [
     "CallAssembler",
@@ -20,5 +20,6 @@ __all__ = [
     "prepare_call",
     "resolve_tokenizer",
     "retokenize",
+    "retokenize_step",
     "uninstall",
 ]

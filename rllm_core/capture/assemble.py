@@ -15,7 +15,7 @@ from typing import Any
 
 from rllm_core.capture import _json
 from rllm_core.capture.request import CallRequest
-from rllm_core.capture.retokenize import retokenize
+from rllm_core.capture.retokenize import retokenize_step
 from rllm_core.types import Step, TokenSource
 
 __all__ = ["CallAssembler", "error_step"]
@@ -231,16 +231,7 @@ class CallAssembler:
             metadata["server_logprobs"] = lps  # kept for inspection, never trained on
             lps = None
         source: TokenSource = "server" if prompt_ids is not None and ids is not None else "none"
-        if source == "none" and self.tokenizer is not None and error is None:
-            try:
-                prompt_ids, ids = retokenize(self.tokenizer, call.endpoint, body.get("messages"), prompt, text,
-                                             tool_calls, c.finish_reason, body.get("tools"))
-                source = "retokenized"
-                if lps is None and "server_logprobs" in metadata and len(metadata["server_logprobs"]) == len(ids):
-                    lps = metadata.pop("server_logprobs")
-            except Exception as exc:  # a tokenizer that fails marks the step untrainable, never the run
-                metadata["retokenize_error"] = f"{type(exc).__name__}: {exc}"
-        return Step(
+        step = Step(
             agent=call.agent, endpoint=call.endpoint, model=body.get("model") or self._top.get("model"),
             messages=body.get("messages") if call.endpoint == "chat" else None,
             prompt=prompt if call.endpoint == "completions" else None,
@@ -249,6 +240,7 @@ class CallAssembler:
             latency_s=latency, started_at=call.started_at, policy_version=_int_or_none(self._top.get("policy_version")),
             token_source=source, choice_index=index, error=error, metadata=metadata,
         )
+        return retokenize_step(step, self.tokenizer)
 
 
 def _int_or_none(v: Any) -> int | None:

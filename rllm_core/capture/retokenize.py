@@ -13,8 +13,9 @@ import threading
 from typing import Any
 
 from rllm_core.errors import ConfigError
+from rllm_core.types import Step
 
-__all__ = ["resolve_tokenizer", "retokenize"]
+__all__ = ["resolve_tokenizer", "retokenize", "retokenize_step"]
 
 _lock = threading.Lock()
 
@@ -82,3 +83,33 @@ def retokenize(
     if finish_reason == "stop" and isinstance(eos, int):
         completion_ids.append(eos)
     return prompt_ids, completion_ids
+
+
+def retokenize_step(step: Step, tokenizer: Any) -> Step:
+    """A Step that came back without ids, rebuilt with `tokenizer` and marked `token_source="retokenized"`.
+
+    Steps that already carry ids, errored steps, and calls when no tokenizer is given come back unchanged.
+    Used wherever Steps are made (the assembler) and where they are collected (a rollout given a tokenizer
+    object, whose gateway could not load it by path). A tokenizer that fails leaves the step untrainable
+    with `metadata["retokenize_error"]`, never fails the call.
+    """
+    if tokenizer is None or step.token_source != "none" or step.error is not None:
+        return step
+    metadata = dict(step.metadata)
+    try:
+        prompt_ids, ids = retokenize(tokenizer, step.endpoint, step.messages, step.prompt, step.text,
+                                     step.tool_calls, step.finish_reason, step.params.get("tools"))
+    except Exception as exc:
+        metadata["retokenize_error"] = f"{type(exc).__name__}: {exc}"
+        return step.model_copy(update={"metadata": metadata})
+    logprobs = None
+    server = step.logprobs if step.logprobs is not None else metadata.get("server_logprobs")
+    if isinstance(server, list) and len(server) == len(ids):  # the API's logprobs line up with our tokens
+        logprobs = list(server)
+        metadata.pop("server_logprobs", None)
+    elif step.logprobs is not None:
+        metadata["server_logprobs"] = step.logprobs  # kept for inspection, never trained on
+    data = step.model_dump()
+    data.update(prompt_token_ids=prompt_ids, completion_token_ids=ids, logprobs=logprobs,
+                token_source="retokenized", metadata=metadata)
+    return Step.model_validate(data)

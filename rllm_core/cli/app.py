@@ -11,7 +11,9 @@ import logging
 import os
 
 import typer
+from rich.console import Console
 
+from rllm_core.errors import RLLMError
 from rllm_core.plugins import get_plugin_manager
 
 __all__ = ["build_app", "main"]
@@ -33,16 +35,17 @@ def build_app() -> typer.Typer:
     def _root() -> None:
         """Reinforcement learning for LLM agents, over the agent frameworks you already use."""
 
-    pm = get_plugin_manager()
-    for impl in pm.hook.rllm_register_commands.get_hookimpls():
-        try:
-            impl.function(app=app)
-        except Exception as exc:  # one plugin's broken commands never take the CLI down
-            log.warning("rllm plugin %r failed to add its commands: %s", impl.plugin_name, exc)
+    get_plugin_manager().call_each("rllm_register_commands", app=app)  # a broken plugin only loses its commands
     return app
 
 
 def main() -> None:
+    """The console script. An `RLLMError` from any command is printed as one line (it says what to do), not
+    as a traceback; anything else is a bug and keeps its traceback."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # torch threads must not spin when sharing 2 cores
     logging.basicConfig(level=os.environ.get("RLLM_LOG_LEVEL", "WARNING"))
-    build_app()()
+    try:
+        build_app()()
+    except RLLMError as exc:
+        Console(stderr=True).print(f"[red]rllm: {exc}[/red]", highlight=False)
+        raise SystemExit(2) from None

@@ -5,19 +5,47 @@
         client = OpenAI(base_url=gw.session_base_url("ep-1"), api_key="EMPTY")
         ...
         steps = gw.take_steps("ep-1")
+
+A gateway in another process (`rllm gateway`, or the driver's, seen from a Ray worker) is reached through
+`RemoteGateway(url, api_key)`; both satisfy `GatewayClient`, what `Rollout.arun(gateway=...)` takes.
 """
 
-from rllm_core.gateway.app import AGENT_HEADER, DEFAULT_SESSION, SESSION_HEADER, create_app
-from rllm_core.gateway.config import GatewayConfig, UpstreamConfig
-from rllm_core.gateway.server import GatewayHandle, shared_gateway, start_gateway
-from rllm_core.gateway.store import SessionStore
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rllm_core.gateway.app import AGENT_HEADER, DEFAULT_SESSION, SESSION_HEADER, create_app
+    from rllm_core.gateway.client import GatewayClient, RemoteGateway
+    from rllm_core.gateway.config import GatewayConfig, UpstreamConfig
+    from rllm_core.gateway.server import GatewayHandle, shared_gateway, start_gateway
+    from rllm_core.gateway.store import SessionStore
+
+_WHERE = {
+    "AGENT_HEADER": "app", "DEFAULT_SESSION": "app", "SESSION_HEADER": "app", "create_app": "app",
+    "GatewayClient": "client", "RemoteGateway": "client", "GatewayConfig": "config", "UpstreamConfig": "config",
+    "GatewayHandle": "server", "shared_gateway": "server", "start_gateway": "server", "SessionStore": "store",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import on first use: the `rllm gateway` command (loaded by every `rllm` call) must not pull in aiohttp."""
+    if name in _WHERE:
+        value = getattr(importlib.import_module(f"rllm_core.gateway.{_WHERE[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module 'rllm_core.gateway' has no attribute {name!r}")
+
 
 __all__ = [
     "AGENT_HEADER",
     "DEFAULT_SESSION",
     "SESSION_HEADER",
+    "GatewayClient",
     "GatewayConfig",
     "GatewayHandle",
+    "RemoteGateway",
     "SessionStore",
     "UpstreamConfig",
     "create_app",

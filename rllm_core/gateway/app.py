@@ -5,6 +5,7 @@ Routes (each also without the `/sessions/{id}` prefix, the session then taken fr
     POST   /sessions/{id}/v1/chat/completions | /v1/completions    proxied upstream, recorded
     GET    /sessions/{id}/v1/models                               proxied upstream
     GET    /sessions/{id}/steps                                   recorded Steps as JSON
+    POST   /sessions/{id}/take                                    recorded Steps as JSON, and free them
     DELETE /sessions/{id}                                         free them
     GET    /health
 
@@ -57,6 +58,12 @@ def _error(status: int, message: str, kind: str = "invalid_request_error") -> we
     return web.Response(status=status, body=_json.dumps({"error": {"message": message, "type": kind,
                                                                    "code": status}}),
                         content_type="application/json")
+
+
+def _steps_response(steps: list[Step]) -> web.Response:
+    """Steps as a JSON list, each exactly as `Step.model_dump_json` writes it (NaN/Infinity round-trip)."""
+    body = b"[" + b",".join(s.model_dump_json().encode() for s in steps) + b"]"
+    return web.Response(body=body, content_type="application/json")
 
 
 class _Gateway:
@@ -119,9 +126,15 @@ class _Gateway:
     async def get_steps(self, request: web.Request) -> web.Response:
         if (denied := self._denied(request)) is not None:
             return denied
-        steps = self.store.steps(request.match_info["session_id"])
-        return web.Response(body=_json.dumps([s.model_dump(mode="json") for s in steps]),
-                            content_type="application/json")
+        return _steps_response(self.store.steps(request.match_info["session_id"]))
+
+    async def take_steps(self, request: web.Request) -> web.Response:
+        """Read and free in one step, so a remote rollout (another process, a Ray worker) misses nothing."""
+        if (denied := self._denied(request)) is not None:
+            return denied
+        sid = request.match_info["session_id"]
+        self.router.forget(sid)
+        return _steps_response(self.store.take(sid))
 
     async def delete_session(self, request: web.Request) -> web.Response:
         if (denied := self._denied(request)) is not None:
@@ -139,7 +152,6 @@ class _Gateway:
             return denied
         sid = request.match_info.get("session_id") or request.headers.get(SESSION_HEADER) or DEFAULT_SESSION
         tail = request.match_info["tail"]
-        up = self.router.pick(sid)
         endpoint = endpoint_of(tail) if request.method == "POST" else None
         if (request.content_length or 0) > self.config.max_body_bytes:
             return self._too_large()
@@ -147,6 +159,7 @@ class _Gateway:
             raw = await request.read()
         except web.HTTPRequestEntityTooLarge:
             return self._too_large()
+        up = self.router.pick(sid)  # only now: a refused request never ties a session to a worker
         if endpoint is None:
             return await self._passthrough(request, up, tail, raw)
         try:
@@ -162,7 +175,8 @@ class _Gateway:
 
     def _too_large(self) -> web.Response:
         return _error(400, f"request body is larger than the gateway's limit of {self.config.max_body_bytes} "
-                           "bytes; send a smaller request or start the gateway with a larger max_body_bytes")
+                           "bytes; send a smaller request or raise the limit (`rllm gateway --max-body-bytes N`, "
+                           "`start_gateway(..., max_body_bytes=N)`)")
 
     async def _passthrough(self, request: web.Request, up: Upstream, tail: str, raw: bytes) -> web.StreamResponse:
         assert self.http is not None
@@ -281,6 +295,7 @@ def create_app(config: GatewayConfig, store: SessionStore | None = None) -> web.
     r = app.router
     r.add_get("/health", gw.health)
     r.add_get("/sessions/{session_id}/steps", gw.get_steps)
+    r.add_post("/sessions/{session_id}/take", gw.take_steps)
     r.add_delete("/sessions/{session_id}", gw.delete_session)
     r.add_route("*", "/sessions/{session_id}/v1/{tail:.*}", gw.proxy)
     r.add_route("*", "/v1/{tail:.*}", gw.proxy)

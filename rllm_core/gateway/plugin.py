@@ -27,19 +27,31 @@ def gateway_command(
     tokenizer: str | None = typer.Option(None, "--tokenizer",
                                          help="HF tokenizer path to retokenize replies that carry no ids."),
     timeout_s: float = typer.Option(600.0, "--timeout", help="Seconds to wait on the upstream."),
+    max_body_bytes: int | None = typer.Option(None, "--max-body-bytes", min=1,
+                                              help="Largest request body accepted, larger is HTTP 400 "
+                                                   "[default: 32 MiB]."),
 ) -> None:
     """Serve an OpenAI-compatible gateway that records every call (GET /sessions/ID/steps to read them)."""
-    from rllm_core.gateway.config import UpstreamConfig
+    from rllm_core.capture.request import is_loopback
+    from rllm_core.gateway.config import DEFAULT_MAX_BODY_BYTES, UpstreamConfig  # late: keeps `rllm --help` light
     from rllm_core.gateway.server import start_gateway
 
     console = Console(stderr=True)
     try:
         ups = [UpstreamConfig(url=u, api_key=upstream_api_key, inject_token_ids=False if no_inject else None,
                               tokenizer=tokenizer, timeout_s=timeout_s) for u in upstream]
-        handle = start_gateway(ups, host=host, port=port, api_key=api_key)
-    except (ValidationError, ConfigError) as exc:
-        console.print(f"[red]rllm gateway: {exc}[/red]")
+        handle = start_gateway(ups, host=host, port=port, api_key=api_key,
+                               max_body_bytes=max_body_bytes or DEFAULT_MAX_BODY_BYTES)
+    except ValidationError as exc:
+        problems = "; ".join(str(e.get("ctx", {}).get("error") or e["msg"]) for e in exc.errors())
+        console.print(f"[red]rllm gateway: {problems}[/red]", highlight=False)
         raise typer.Exit(2) from None
+    except ConfigError as exc:
+        console.print(f"[red]rllm gateway: {exc}[/red]", highlight=False)
+        raise typer.Exit(2) from None
+    if not api_key and not is_loopback(f"http://[{host}]" if ":" in host else f"http://{host}"):
+        console.print(f"[yellow]warning: listening on {host} without --api-key: anyone who can reach this port "
+                      "can use the upstream and read recorded calls[/yellow]", highlight=False)
     console.print(f"rllm gateway on [bold]{handle.url}[/bold] → {', '.join(u.url for u in ups)}; "
                   f"sessions at {handle.url}/sessions/<id>/v1 (Ctrl-C to stop)")
     typer.echo(handle.url, err=False)

@@ -12,6 +12,7 @@ from aiohttp import web
 
 from rllm_core.errors import ConfigError
 from rllm_core.gateway.app import ROUTER_KEY, create_app
+from rllm_core.gateway.client import RemoteGateway
 from rllm_core.gateway.config import DEFAULT_MAX_BODY_BYTES, GatewayConfig, UpstreamConfig
 from rllm_core.gateway.store import SessionStore
 from rllm_core.types import Step
@@ -27,8 +28,7 @@ class GatewayHandle:
         self.store = store
         self.host = host
         self.port = port
-        client_host = "127.0.0.1" if host in ("", "0.0.0.0") else ("[::1]" if host == "::" else host)
-        self.url = f"http://{client_host}:{port}"
+        self.url = f"http://{_client_host(host)}:{port}"
         """Where clients on this machine reach it (the loopback address when bound to all interfaces)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -41,6 +41,16 @@ class GatewayHandle:
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
+    @property
+    def addresses(self) -> list[Any]:
+        """The socket addresses it listens on, as bound (e.g. [('127.0.0.1', 8080)])."""
+        return list(self._runner.addresses) if self._runner is not None else []
+
+    @property
+    def client_api_key(self) -> str | None:
+        """The bearer token clients must send (the gateway's `api_key`), or None."""
+        return self.config.api_key
+
     def session_base_url(self, session_id: str) -> str:
         """The OpenAI base URL for one session: give it to the agent as `base_url`."""
         return f"{self.url}/sessions/{session_id}/v1"
@@ -48,12 +58,20 @@ class GatewayHandle:
     def steps(self, session_id: str) -> list[Step]:
         return self.store.steps(session_id)
 
+    def remote(self) -> RemoteGateway:
+        """A picklable client of this gateway, for rollouts in other processes on this machine (Ray workers)."""
+        return RemoteGateway(self.url, api_key=self.config.api_key)
+
     def take_steps(self, session_id: str) -> list[Step]:
         """Return the session's Steps and free them (and the session's upstream assignment)."""
         router = self._runner.app[ROUTER_KEY] if self._runner is not None else None
         if router is not None:
             router.forget(session_id)
         return self.store.take(session_id)
+
+    async def atake_steps(self, session_id: str) -> list[Step]:
+        """`take_steps` for async callers (the `GatewayClient` protocol); it never blocks."""
+        return self.take_steps(session_id)
 
     def stop(self) -> None:
         loop, runner, thread = self._loop, self._runner, self._thread
@@ -71,6 +89,13 @@ class GatewayHandle:
         self.stop()
 
 
+def _client_host(host: str) -> str:
+    """The address a client on this machine uses: loopback for the wildcard binds, IPv6 in brackets."""
+    if host in ("", "0.0.0.0"):
+        return "127.0.0.1"
+    if host == "::":
+        return "[::1]"
+    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def start_gateway(

@@ -3,7 +3,8 @@
 Tokens are UTF-8 bytes offset by 3 (so ids are exact and checkable), logprobs a fixed function of the id,
 and the reply text comes from a `responder` the test chooses. It returns `prompt_token_ids` and per-choice
 `token_ids` only when asked (`return_token_ids: true`) and logprobs only when asked, like vLLM. It serves
-on 127.0.0.1 on a free port from a background thread and records every request body it received.
+on 127.0.0.1 on a free port from a background thread and records every request body (and Authorization
+header) it received.
 """
 
 from __future__ import annotations
@@ -70,6 +71,8 @@ class FakeUpstream:
     delay_s: float = 0.0
     policy_version: int = 0
     requests: list[dict[str, Any]] = field(default_factory=list)
+    authorizations: list[str | None] = field(default_factory=list)
+    """The `Authorization` header of each request, in order (to check which key reached the upstream)."""
     url: str = ""
     _stop: Callable[[], None] | None = None
 
@@ -112,6 +115,7 @@ class FakeUpstream:
     async def _serve(self, request: web.Request, chat: bool) -> web.StreamResponse:
         body = await request.json()
         self.requests.append(body)
+        self.authorizations.append(request.headers.get("Authorization"))
         if self.delay_s:
             await asyncio.sleep(self.delay_s)
         n = int(body.get("n") or 1)
