@@ -15,13 +15,16 @@ import time
 import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rllm_core.errors import ConfigError
 from rllm_core.rollout import Rollout, as_rollout
 from rllm_core.types import Episode, Task
+
+if TYPE_CHECKING:
+    from rllm_core.benchmarks.base import Benchmark
 
 __all__ = ["EngineStats", "episode_token_counts", "run_episodes", "score_episode"]
 
@@ -65,7 +68,7 @@ class EngineStats:
         return f"{acc} · {rate:,.1f} tok/s"
 
 
-async def score_episode(benchmark: Any, task: Task, episode: Episode) -> Episode:
+async def score_episode(benchmark: Benchmark, task: Task, episode: Episode) -> Episode:
     """Fill reward, reward_reason, is_correct (and per-role trajectory rewards); never raises."""
     try:
         result = await asyncio.to_thread(benchmark.score, task, episode)
@@ -74,7 +77,8 @@ async def score_episode(benchmark: Any, task: Task, episode: Episode) -> Episode
         for traj in episode.trajectories:
             answer = traj.metadata.get("answer")
             if isinstance(answer, str) and episode.error is None:
-                graded = await asyncio.to_thread(benchmark.grade, task, answer)
+                finish = traj.steps[-1].finish_reason if traj.steps else None
+                graded = await asyncio.to_thread(benchmark.score_response, task, answer, finish)
                 traj.reward = graded.reward
                 traj.metadata["reward_reason"] = graded.reason
     except Exception as exc:  # a broken grader scores the episode as an error, the run goes on
@@ -98,7 +102,7 @@ async def run_episodes(
     attempts: int = 1,
     concurrency: int = 16,
     sampling: dict[str, Any] | None = None,
-    benchmark: Any = None,
+    benchmark: Benchmark | None = None,
     timeout_s: float | None = None,
     progress: bool = True,
     api_key: str | None = None,

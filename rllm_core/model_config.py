@@ -94,9 +94,19 @@ def save_model_config(cfg: ModelConfig) -> Path:
     data = _read_all(path)
     data["model"] = cfg.check().model_dump(exclude_none=True)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2) + "\n", encoding="utf-8")
-    if cfg.api_key:
-        path.chmod(0o600)
+    # Written to a new file that is owner-only from its first byte when it holds a key (chmod after
+    # writing would leave it readable for a moment), then moved over the old one.
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600 if cfg.api_key else 0o666)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps(data, indent=2) + "\n")
+        if cfg.api_key:
+            os.chmod(tmp, 0o600)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
     return path
 
 
@@ -136,8 +146,9 @@ def setup_command(
         default = "http://127.0.0.1:8000/v1" if kind == "server" else "https://api.openai.com/v1"
         base_url = typer.prompt("Base URL", default=default)
     if model is None:
-        model = DEFAULT_EMBEDDED if kind == "embedded" else (
-            typer.prompt("Model name", default="default") if interactive else "default")
+        default = DEFAULT_EMBEDDED if kind == "embedded" else "default"
+        hint = " (smollm2-135m, tiny-random, or a local HF model folder)" if kind == "embedded" else ""
+        model = typer.prompt(f"Model name{hint}", default=default) if interactive else default
     api_key: str | None = None
     if kind == "api" and api_key_env is None and interactive and not store_key:
         api_key_env = typer.prompt("Environment variable with the API key", default="OPENAI_API_KEY")

@@ -74,3 +74,14 @@ def test_every_hub_only_entry_is_covered() -> None:
     from rllm_core.benchmarks.hub_sets import hub_benchmarks
 
     assert {b.name for b in hub_benchmarks()} == set(ROWS)
+
+
+def test_choice_grading_uses_only_the_questions_letters(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "mmlu").mkdir()
+    row = {"question": "q", "choices": ["a", "b", "c", "d"], "answer": 1}
+    (tmp_path / "mmlu" / "test.jsonl").write_text(json.dumps(row) + "\n")
+    monkeypatch.setenv("RLLM_DATA_DIR", str(tmp_path))
+    bench = get_benchmark("mmlu")
+    (task,) = bench.load()
+    assert bench.grade(task, "The answer is I think (B)").reason == "correct"  # "I" is not an option of A-D
+    assert bench.grade(task, "The answer is (E)").reason == "no_answer_extracted"

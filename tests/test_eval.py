@@ -164,3 +164,53 @@ def test_eval_gsm8k_tiny_random_end_to_end(tmp_path: Path) -> None:
         assert ep.reward_reason in ("wrong_answer", "no_answer_extracted", "truncated", "correct")
     summary = json.loads((tmp_path / "e2e" / "summary.json").read_text())
     assert summary["n_episodes"] == 5 and summary["model"] and summary["config"]["endpoint_source"] == "embedded"
+
+
+@pytest.mark.parametrize(("args", "expected"), [
+    (["-n", "0"], r"--max-examples must be at least 1"),
+    (["--attempts", "0"], r"--attempts and --concurrency must be at least 1"),
+    (["--timeout", "-1"], r"--timeout must be a positive number"),
+    (["--max-tokens", "0"], r"--max-tokens must be at least 1"),
+])
+def test_eval_bad_numbers_are_explained(args: list[str], expected: str) -> None:
+    res = _invoke("eval", "gsm8k", "--base-url", "http://127.0.0.1:9/v1", *args, "--no-progress")
+    assert res.exit_code == 2 and re.search(expected, " ".join(res.output.split())), res.output
+
+
+def test_eval_workflow_with_options(tmp_path: Path) -> None:
+    with start_fake_upstream(_gsm8k_responder) as up:
+        res = _invoke("eval", "gsm8k", "-n", "1", "--base-url", up.base_url, "--workflow", "self-debate:rounds=1",
+                      "-o", str(tmp_path / "d"), "--no-progress")
+    assert res.exit_code == 0, res.output
+    (ep,) = read_jsonl(tmp_path / "d" / "episodes.jsonl")
+    assert sorted(t.name for t in ep.trajectories) == ["debater", "debater", "moderator"]
+    assert ep.reward_reason == "correct" and len(ep.artifacts["transcript"]) == 1
+    roles = json.loads((tmp_path / "d" / "summary.json").read_text())["roles"]
+    assert roles == {"debater": {"trajectories": 2, "mean_reward": 1.0, "reasons": {"correct": 2}},
+                     "moderator": {"trajectories": 1, "mean_reward": 1.0, "reasons": {"correct": 1}}}
+    assert "role debater (×2)" in res.output
+
+
+def test_endpoint_warns_about_an_unlisted_model_and_a_missing_models_route(caplog: pytest.LogCaptureFixture) -> None:
+    from rllm_core.eval.endpoint import open_endpoint
+
+    with start_fake_upstream() as up, caplog.at_level("WARNING", logger="rllm.eval"):
+        with open_endpoint(up.base_url, "no-such-model") as ep:
+            assert ep.model == "no-such-model"  # a warning only: some servers accept aliases they do not list
+        assert "'no-such-model' is not among the models" in caplog.text and "fake-model" in caplog.text
+        caplog.clear()
+        root = up.base_url.removesuffix("/v1")
+        with open_endpoint(root, "m") as ep:
+            assert ep.base_url == root
+        assert "HTTP 404" in caplog.text and "usually ends in /v1" in caplog.text
+
+
+def test_pass_at_k_is_the_unbiased_estimator() -> None:
+    from math import comb
+
+    from rllm_core.eval import pass_at_k
+
+    for n, c, k in [(5, 2, 2), (10, 3, 4), (8, 0, 3), (4, 4, 1), (16, 1, 16)]:
+        assert pass_at_k(n, c, k) == pytest.approx(1 - comb(n - c, k) / comb(n, k))
+    with pytest.raises(ValueError, match="needs at least 4 attempts"):
+        pass_at_k(2, 1, 4)

@@ -84,3 +84,19 @@ def test_eval_endpoint_uses_configured_server(fake_upstream) -> None:  # type: i
     save_model_config(ModelConfig(kind="server", base_url="http://127.0.0.1:9/v1", model="x"))
     with pytest.raises(UpstreamError, match=r"127\.0\.0\.1:9/v1 is not reachable"), open_endpoint(None, None):
         pass
+
+
+def test_stored_key_is_dropped_when_setup_runs_again_without_it() -> None:
+    save_model_config(ModelConfig(kind="api", base_url="https://x.example/v1", model="m", api_key="sk-old-1111"))
+    assert stat.S_IMODE(config_path().stat().st_mode) == 0o600
+    save_model_config(ModelConfig(kind="api", base_url="https://x.example/v1", model="m", api_key_env="K"))
+    assert "sk-old" not in config_path().read_text()
+    assert [p.name for p in config_path().parent.iterdir()] == ["config.json"]  # no temp file left behind
+
+
+def test_setup_interactive_embedded_asks_which_model() -> None:
+    res = runner.invoke(build_app(), ["model", "setup"], input="1\ntiny-random\n")
+    assert res.exit_code == 0, res.output
+    assert load_model_config() == ModelConfig(kind="embedded", model="tiny-random")
+    res = runner.invoke(build_app(), ["model", "setup", "--kind", "embedded"], input="\n")
+    assert res.exit_code == 0 and load_model_config() == ModelConfig(kind="embedded", model="smollm2-135m")

@@ -56,9 +56,31 @@ def test_grade_math_reasons() -> None:
 def test_time_limit() -> None:
     started = time.monotonic()
     with pytest.raises(TimeoutError):
-        call_with_time_limit(time.sleep, 0.2, 5)
-    assert time.monotonic() - started < 2
+        call_with_time_limit(time.sleep, 0.2, 1)
+    assert time.monotonic() - started < 1
     assert call_with_time_limit(sum, 1, [1, 2]) == 3
+    with pytest.raises(ZeroDivisionError):
+        call_with_time_limit(lambda: 1 / 0, 1)
+
+
+def test_time_limit_stops_piling_up_stuck_calls(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rllm_core.rewards import _time_limit
+
+    already = _time_limit.stuck_calls()  # an earlier test's overrun may still be sleeping
+    monkeypatch.setattr(_time_limit, "MAX_STUCK", already + 2)
+    release = __import__("threading").Event()
+    try:
+        for _ in range(2):
+            with pytest.raises(TimeoutError, match="did not finish"):
+                call_with_time_limit(release.wait, 0.05, 5)
+        with pytest.raises(TimeoutError, match=r"not started: .* earlier calls overran"):
+            call_with_time_limit(sum, 1, [1])
+    finally:
+        release.set()
+    deadline = time.monotonic() + 3
+    while _time_limit.stuck_calls() > already and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert call_with_time_limit(sum, 1, [1]) == 1  # once they end, calls run again
 
 
 def test_extractors() -> None:
@@ -149,3 +171,75 @@ def test_sandbox_output_is_capped_by_file_size_limit() -> None:
     res = run_python("import sys\nwhile True: sys.stdout.write('x' * 65536)", SandboxLimits(file_size_mb=1))
     # Python ignores SIGXFSZ, so the write fails with EFBIG instead of the process being killed.
     assert res.status == "failed" and "File too large" in res.stderr and len(res.stdout) <= 64 * 1024
+
+
+def test_extract_code_language_tags() -> None:
+    reply = "Here:\n```python3\nprint(1)\n```\nIt prints:\n```text\n1\n```"
+    assert extract_code(reply) == "print(1)\n"  # the Python block, not the later output block
+    assert extract_code("```py\nx = 2\n```") == "x = 2\n"
+    assert extract_code("```\nx = 3\n```") == "x = 3\n"
+    assert extract_code("```js\nlet x\n```") == "let x\n"  # no Python block: the last block of any language
+    assert extract_code("```python\ndef f():\n    return 1") == "def f():\n    return 1"  # cut off mid-block
+    assert extract_code("no code at all") is None
+
+
+def test_extract_choice_ignores_lowercase_words_and_reads_markdown() -> None:
+    assert extract_choice("The answer is a bit tricky to find.") is None
+    assert extract_choice("**Answer:** C") == "C"
+    assert extract_choice("ANSWER IS (D)") == "D"
+    assert extract_choice("Option (A) looks wrong; (B) is right.") == "B"
+    assert grade_choice("The answer is a guess", "A").reason == "no_answer_extracted"
+
+
+def test_grade_code_body_only_completion() -> None:
+    """A completion-style reply (just the indented body) is valid once appended to the prompt's signature."""
+    prompt = "def sq(x):\n    \"\"\"Square x.\"\"\"\n"
+    test = "def check(f):\n    assert f(3) == 9\n"
+    assert grade_code("    return x * x\n", test, "sq", prompt).reason == "correct"
+    assert grade_code("    return x + x\n", test, "sq", prompt).reason == "wrong_answer"
+    assert grade_code("    return x *\n", test, "sq", prompt).reason == "format_error"
+    assert grade_code("   ", test, "sq", prompt).reason == "no_answer_extracted"
+
+
+def test_reasoning_gym_reasons() -> None:
+    from rllm_core.benchmarks import get_benchmark
+
+    bench = get_benchmark("basic_arithmetic")
+    task = bench.load("test", max_examples=1)[0]
+    assert bench.grade(task, f"<answer>{task.ground_truth}</answer>").reason == "correct"
+    assert bench.grade(task, str(task.ground_truth)).reason == "correct"  # right without tags still counts
+    assert bench.grade(task, "<answer>-123456789</answer>").reason == "wrong_answer"
+    untagged = bench.grade(task, "I think it is -123456789")
+    assert untagged.reason == "format_error" and "tag" in untagged.details["note"]
+    assert bench.grade(task, "  ").reason == "no_answer_extracted"
+
+
+def test_humaneval_whole_function_reply_keeps_the_prompts_helpers() -> None:
+    """HumanEval/38's prompt defines `encode_cyclic`, which its tests call: a reply with only `decode_cyclic`
+    must still be run next to it."""
+    from rllm_core.benchmarks import get_benchmark
+
+    bench = get_benchmark("humaneval")
+    task = bench.load()[38]
+    assert "def encode_cyclic" in task.metadata["prompt"]
+    solution = str(task.ground_truth)[len(task.metadata["prompt"]):]
+    reply = f"```python\ndef decode_cyclic(s: str):\n{solution}```"
+    assert bench.grade(task, reply).reason == "correct"
+    assert bench.grade(task, "```python\ndef decode_cyclic(s: str):\n    return s\n```").reason == "wrong_answer"
+
+
+def test_grade_math_timeout_and_grader_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A math-verify call that hangs is cut off as `timeout` on time; one that raises is `error`, not a crash."""
+    import rllm_core.rewards.math as math_mod
+
+    monkeypatch.setattr(math_mod, "_verify", lambda gold, answer: time.sleep(3))
+    started = time.monotonic()
+    slow = grade_math("\\boxed{\\sqrt{2}}", "\\frac{2}{\\sqrt{2}}", timeout_s=0.2)
+    assert slow.reason == "timeout" and slow.reward == 0.0 and time.monotonic() - started < 1.5
+
+    def broken(gold: str, answer: str) -> bool:
+        raise RecursionError("sympy went too deep")
+
+    monkeypatch.setattr(math_mod, "_verify", broken)
+    failed = grade_math("\\boxed{\\sqrt{2}}", "\\frac{2}{\\sqrt{2}}")
+    assert failed.reason == "error" and "RecursionError" in failed.details["note"]

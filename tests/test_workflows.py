@@ -89,3 +89,69 @@ def test_get_workflow_and_parse_pick() -> None:
         get_workflow("judge-only")
     assert parse_pick("I pick Solution 2.", 3) == 1
     assert parse_pick("none", 3) is None
+
+
+def test_parse_pick_ignores_numbers_in_the_reasoning() -> None:
+    assert parse_pick("Solution 1 is right because 2 + 2 = 4.", 2) == 0
+    assert parse_pick("Solution 3 is wrong; I choose solution #2", 3) == 1
+    assert parse_pick("2", 3) == 1 and parse_pick("**2**", 3) == 1
+    assert parse_pick("Both are off by 2.", 3) is None
+    assert parse_pick("Solution 7", 3) is None
+
+
+async def test_judge_without_a_pick_is_not_rewarded(arith: tuple[Any, list[Any]]) -> None:
+    """The episode still answers (solver 1's answer), but the judge that named nothing gets no reward."""
+    bench, tasks = arith
+    right = tasks[0].ground_truth
+
+    def responder(body: dict[str, Any]) -> str:
+        return "They all look fine." if "Which solution" in body["messages"][-1]["content"] else right
+
+    with start_fake_upstream(responder) as up:
+        (ep,) = await run_episodes(solver_judge(n_solvers=2), tasks[:1], base_url=up.base_url, benchmark=bench,
+                                   progress=False)
+    assert ep.artifacts["pick"] is None and ep.reward_reason == "correct"
+    judge = ep.trajectory("judge")
+    assert judge.reward == 0.0 and judge.metadata["reward_reason"] == "no_answer_extracted"
+    assert all(t.reward == 1.0 for t in ep.trajectories if t.name == "solver")
+
+
+async def test_role_answer_cut_off_is_truncated(arith: tuple[Any, list[Any]]) -> None:
+    """A role's own answer gets the same reasons as an episode: a wrong answer at the token limit is truncated."""
+    bench, tasks = arith
+
+    with start_fake_upstream(lambda body: "Let me think about this for a long while") as up:
+        (ep,) = await run_episodes(solver_judge(n_solvers=2), tasks[:1], base_url=up.base_url, benchmark=bench,
+                                   progress=False, sampling={"max_tokens": 4})
+    solvers = [t for t in ep.trajectories if t.name == "solver"]
+    assert [t.metadata["reward_reason"] for t in solvers] == ["truncated", "truncated"]
+    assert ep.reward_reason == "truncated"
+
+
+async def test_workflows_quote_message_list_tasks_as_text() -> None:
+    from rllm_core.types import Task
+
+    seen: list[str] = []
+
+    def responder(body: dict[str, Any]) -> str:
+        seen.append(str(body["messages"][-1]["content"]))
+        return "Solution 1"
+
+    task = Task(id="m:0", instruction=[{"role": "system", "content": "Be brief."},
+                                       {"role": "user", "content": "What is 2 + 2?"}])
+    with start_fake_upstream(responder) as up:
+        await run_episodes(solver_judge(n_solvers=1), [task], base_url=up.base_url, progress=False)
+    judge_prompt = next(s for s in seen if "Candidate solutions" in s)
+    assert "Problem:\nWhat is 2 + 2?" in judge_prompt and "'role'" not in judge_prompt
+
+
+def test_get_workflow_options() -> None:
+    debate = get_workflow("self-debate:n_agents=3,rounds=1")
+    assert debate.name == "self_debate"
+    assert get_workflow("solver-judge", n_solvers=3).name == "solver_judge"
+    with pytest.raises(ConfigError, match=r"has no option judges; its options are \['n_solvers'\]"):
+        get_workflow("solver-judge:judges=2")
+    with pytest.raises(ConfigError, match="name=INTEGER"):
+        get_workflow("refinement:rounds")
+    with pytest.raises(ConfigError, match="at least 2 agents"):
+        get_workflow("self-debate:n_agents=1")

@@ -79,11 +79,16 @@ class Arithmetic(Benchmark):
             return pool[:n]
         lo, hi = self.level.digits
         out: list[tuple[int, str, int]] = []
+        seen: set[tuple[int, str, int]] = set()
+        tries = 0
         while len(out) < n:
             da, db = rng.randint(lo, hi), rng.randint(lo, hi)
             a, b = rng.randrange(10 ** (da - 1), 10**da), rng.randrange(10 ** (db - 1), 10**db)
             op = rng.choice(self.level.ops)
-            if _is_test(a, op, b) == (split == "test"):
+            tries += 1
+            # No repeats while the level has fresh problems (after 50 tries per wanted row, repeats are allowed).
+            if _is_test(a, op, b) == (split == "test") and ((a, op, b) not in seen or tries > 50 * n):
+                seen.add((a, op, b))
                 out.append((a, op, b))
         return out
 

@@ -72,11 +72,17 @@ class Benchmark(ABC):
             return RewardResult.fail("timeout", note=episode.error or "")
         if episode.error is not None or episode.termination_reason in ("error", "cancelled"):
             return RewardResult.fail("error", note=(episode.error or "")[-500:])
+        return self.score_response(task, response_text(episode), last_finish_reason(episode))
+
+    def score_response(self, task: Task, response: str, finish_reason: str | None = None) -> RewardResult:
+        """`grade`, plus what holds for every grader: a wrong answer cut off by the token limit
+        (`finish_reason == "length"`) is `truncated`, and a grader that raises gives `error`. Used for
+        episodes and for each role's own answer, so both get the same reasons."""
         try:
-            result = self.grade(task, response_text(episode))
+            result = self.grade(task, response)
         except Exception as exc:
             return RewardResult.fail("error", note=f"grader failed: {type(exc).__name__}: {exc}")
-        if not result.is_correct and last_finish_reason(episode) == "length":
+        if not result.is_correct and finish_reason == "length":
             return result.model_copy(update={"reason": "truncated", "reward": 0.0})
         return result
 

@@ -10,7 +10,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from rllm_core.benchmarks.data import DATA_DIR_ENV
+from rllm_core.benchmarks.data import DATA_DIR_ENV, resolve_data_dir
 from rllm_core.benchmarks.registry import get_benchmark, list_benchmarks
 from rllm_core.errors import RLLMError
 
@@ -22,6 +22,13 @@ _DATA_DIR = typer.Option(None, "--data-dir", help=f"Folder of benchmark files (d
 
 
 def _use_data_dir(data_dir: Path | None) -> None:
+    """Point the file-backed benchmarks at `data_dir`; a folder that is not there is an error, not a list of
+    benchmarks silently marked "hub"."""
+    try:
+        resolve_data_dir(data_dir)
+    except RLLMError as exc:
+        typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
+        raise typer.Exit(2) from None
     if data_dir is not None:
         os.environ[DATA_DIR_ENV] = str(data_dir)
 
@@ -56,10 +63,11 @@ def show_command(
     data_dir: Path | None = _DATA_DIR,
 ) -> None:
     """Show a benchmark's details and its first task."""
+    _use_data_dir(data_dir)
     try:
         bench = get_benchmark(name)
         typer.echo(json.dumps(bench.info(), indent=2))
-        task = bench.load(split=split, data_dir=str(data_dir) if data_dir else None, max_examples=1)[0]
+        task = bench.load(split=split, max_examples=1)[0]
     except RLLMError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None

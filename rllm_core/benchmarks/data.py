@@ -2,20 +2,24 @@
 
 Layout: `<data_dir>/<benchmark>/<split>.jsonl`, one JSON object per line. Reading checks every row for the
 fields the loader needs and names the file, line and field when one is missing, instead of failing later
-with a KeyError deep in a prompt template.
+with a KeyError deep in a prompt template. `hub_unreachable` says, in seconds, when the Hugging Face Hub
+(the fallback for sets without local files) cannot be used from here.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
+import socket
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlparse
 
 from rllm_core.errors import BenchmarkError
 
-__all__ = ["DATA_DIR_ENV", "count_rows", "read_rows", "resolve_data_dir", "split_file"]
+__all__ = ["DATA_DIR_ENV", "count_rows", "hub_unreachable", "read_rows", "resolve_data_dir", "split_file"]
 
 DATA_DIR_ENV = "RLLM_DATA_DIR"
 
@@ -77,3 +81,23 @@ def read_rows(
         if max_rows is not None and len(rows) >= max_rows:
             break
     return rows
+
+
+_OFFLINE_ENV = ("HF_HUB_OFFLINE", "HF_DATASETS_OFFLINE")
+
+
+@functools.cache
+def hub_unreachable(timeout_s: float = 3.0) -> str | None:
+    """Why the Hugging Face Hub cannot be used from here, or None when it can (or when offline mode is on,
+    where `datasets` reads its local cache). One quick TCP connect, so a machine without network gets a
+    clear error in seconds instead of `datasets` retrying for half a minute."""
+    if any(os.environ.get(v, "").strip().lower() in ("1", "true", "yes", "on") for v in _OFFLINE_ENV):
+        return None
+    endpoint = os.environ.get("HF_ENDPOINT") or "https://huggingface.co"
+    parsed = urlparse(endpoint)
+    host, port = parsed.hostname or "huggingface.co", parsed.port or (80 if parsed.scheme == "http" else 443)
+    try:
+        socket.create_connection((host, port), timeout=timeout_s).close()
+    except OSError as exc:
+        return f"the Hub ({endpoint}) is not reachable from here ({type(exc).__name__}: {exc})"
+    return None

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rllm_core.benchmarks.base import Benchmark
-from rllm_core.benchmarks.data import count_rows, read_rows, resolve_data_dir, split_file
+from rllm_core.benchmarks.data import count_rows, hub_unreachable, read_rows, resolve_data_dir, split_file
 from rllm_core.errors import BenchmarkError
 from rllm_core.rewards.choice import grade_choice
 from rllm_core.rewards.code import grade_code, grade_stdio
@@ -27,6 +27,7 @@ Example = tuple[str, Any, dict[str, Any]]
 """What a row converter returns: (instruction, gold answer, task metadata)."""
 GraderKind = Literal["math", "choice", "code", "code_io"]
 
+_LETTERS = "ABCDEFGHIJ"
 _REWARD_NAMES = {"math": "math_verify", "choice": "multiple_choice", "code": "code_tests", "code_io": "code_stdio"}
 
 
@@ -116,15 +117,19 @@ class DatasetBenchmark(Benchmark):
         hub_split = self.hub_splits.get(split, split)
         if max_examples is not None:
             hub_split = f"{hub_split}[:{max_examples}]"
+        needs = (f"benchmark {self.name!r} needs the Hugging Face dataset {self.hub_id!r}"
+                 f"{f' (config {self.hub_config!r})' if self.hub_config else ''}, split {hub_split!r}")
+        unreachable = hub_unreachable()
+        if unreachable:
+            raise BenchmarkError(f"{needs}, and {unreachable}.{missing} Run where the Hub is reachable, {local_hint} "
+                                 "(or set HF_DATASETS_OFFLINE=1 to use a copy in the Hugging Face cache).")
         try:
             import datasets
 
             ds = datasets.load_dataset(self.hub_id, self.hub_config, split=hub_split)
         except Exception as exc:
             raise BenchmarkError(
-                f"benchmark {self.name!r} needs the Hugging Face dataset {self.hub_id!r}"
-                f"{f' (config {self.hub_config!r})' if self.hub_config else ''}, split {hub_split!r}, which could "
-                f"not be loaded here ({type(exc).__name__}: {str(exc)[:200]}).{missing} "
+                f"{needs}, which could not be loaded here ({type(exc).__name__}: {str(exc)[:200]}).{missing} "
                 f"Run where the Hub is reachable, {local_hint}."
             ) from exc
         return [dict(r) for r in ds]
@@ -134,8 +139,9 @@ class DatasetBenchmark(Benchmark):
         meta = task.metadata
         if self.grader == "math":
             return grade_math(response, task.ground_truth, self.extractor)
-        if self.grader == "choice":
-            return grade_choice(response, str(task.ground_truth))
+        if self.grader == "choice":  # only the letters this question has ("I think" is no answer to A-D)
+            n_options = len(meta.get("options") or [])
+            return grade_choice(response, str(task.ground_truth), _LETTERS[:n_options] if n_options else _LETTERS)
         if self.grader == "code":
             return grade_code(response, meta["test"], meta.get("entry_point"), meta.get("prompt", ""))
         return grade_stdio(response, meta["cases"])

@@ -23,7 +23,7 @@ _lock = threading.Lock()
 
 
 def _check(bench: object) -> Benchmark:
-    for attr in ("name", "category", "reward", "load", "score", "default_rollout"):
+    for attr in ("name", "category", "reward", "load", "grade", "score", "score_response", "default_rollout"):
         if not hasattr(bench, attr):
             raise PluginError(
                 f"registered benchmark {bench!r} has no {attr!r}; subclass rllm_core.benchmarks.Benchmark"

@@ -8,7 +8,7 @@ from rllm_core.rollout import RolloutConfig, rollout
 from rllm_core.types import Task
 from rllm_core.workflows.chat import chat, make_client, task_messages
 
-__all__ = ["single_turn", "task_messages"]
+__all__ = ["single_turn"]
 
 
 @rollout(name="solver")

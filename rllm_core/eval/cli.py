@@ -24,7 +24,10 @@ def eval_command(
     attempts: int = typer.Option(1, "--attempts", "-k", help="Attempts per task (pass@k)."),
     concurrency: int = typer.Option(16, "--concurrency", "-c", help="Episodes in flight at once."),
     agent: str | None = typer.Option(None, "--agent", help="Your @rllm.rollout as 'package.module:function'."),
-    workflow: str | None = typer.Option(None, "--workflow", help="refinement | solver-judge | self-debate."),
+    workflow: str | None = typer.Option(
+        None, "--workflow",
+        help="refinement | solver-judge | self-debate; options after a colon: 'solver-judge:n_solvers=3'.",
+    ),
     output: Path | None = typer.Option(None, "--output", "-o", help="Output folder (default rllm-runs/eval-...)."),
     data_dir: Path | None = typer.Option(None, "--data-dir", help="Benchmark files folder (default $RLLM_DATA_DIR)."),
     max_tokens: int = typer.Option(512, "--max-tokens", help="Max completion tokens per LLM call."),

@@ -6,6 +6,7 @@ policy server for the duration of the run (`--model tiny-random` picks another b
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -17,6 +18,8 @@ from rllm_core.errors import ConfigError, UpstreamError
 from rllm_core.model_config import DEFAULT_EMBEDDED, load_model_config
 
 __all__ = ["Endpoint", "check_reachable", "open_endpoint"]
+
+log = logging.getLogger("rllm.eval")
 
 
 @dataclass(frozen=True)
@@ -43,6 +46,12 @@ def check_reachable(base_url: str, api_key: str | None = None, timeout_s: float 
     if resp.status_code in (401, 403):
         raise UpstreamError(f"model endpoint {base_url} refused the API key (HTTP {resp.status_code}); "
                             "check the key's environment variable (`rllm model show`) or --api-key-env")
+    if resp.status_code >= 400:  # some OpenAI-compatible servers have no /models: say so, do not stop
+        v1 = base_url.rstrip("/").endswith("/v1")
+        hint = "" if v1 else " (an OpenAI-compatible base URL usually ends in /v1)"
+        log.warning("GET %s answered HTTP %s%s; going on, but check --base-url if every episode fails",
+                    url, resp.status_code, hint)
+        return []
     try:
         return [str(m["id"]) for m in resp.json().get("data", []) if isinstance(m, dict) and "id" in m]
     except (ValueError, AttributeError):
@@ -68,6 +77,9 @@ def open_endpoint(base_url: str | None, model: str | None, api_key: str | None =
     served = check_reachable(ep.base_url, ep.api_key) if check else []
     if not ep.model:  # --base-url without --model: the server's only (or first) model
         ep = Endpoint(ep.base_url, served[0] if served else "default", ep.api_key, ep.source)
+    elif served and ep.model not in served:  # a warning: some servers accept aliases they do not list
+        log.warning("model %r is not among the models %s lists (%s); pass --model with one of them if "
+                    "every episode fails", ep.model, ep.base_url, ", ".join(served[:10]))
     yield ep
 
 

@@ -75,9 +75,20 @@ def _output_dir(opts: EvalOptions) -> Path:
     return out
 
 
-def run_eval(opts: EvalOptions) -> EvalResult:
+def _check_numbers(opts: EvalOptions) -> None:
     if opts.attempts < 1 or opts.concurrency < 1:
         raise ConfigError(f"--attempts and --concurrency must be at least 1 (got {opts.attempts}, {opts.concurrency})")
+    if opts.max_examples is not None and opts.max_examples < 1:
+        raise ConfigError(f"--max-examples must be at least 1 (got {opts.max_examples}); omit it for every row")
+    if opts.max_tokens < 1:
+        raise ConfigError(f"--max-tokens must be at least 1 (got {opts.max_tokens})")
+    if opts.timeout_s is not None and opts.timeout_s <= 0:
+        raise ConfigError(f"--timeout must be a positive number of seconds (got {opts.timeout_s})")
+
+
+def run_eval(opts: EvalOptions) -> EvalResult:
+    """Check every input, open the endpoint, run the episodes, write episodes.jsonl and summary.json."""
+    _check_numbers(opts)
     bench = get_benchmark(opts.benchmark)
     tasks = bench.load(split=opts.split, data_dir=str(opts.data_dir) if opts.data_dir else None,
                        max_examples=opts.max_examples, seed=opts.seed)

@@ -17,7 +17,7 @@ from rich.table import Table
 from rllm_core.engine import episode_token_counts
 from rllm_core.types import Episode
 
-__all__ = ["EvalSummary", "pass_at_k", "print_summary", "summarize"]
+__all__ = ["EvalSummary", "RoleSummary", "pass_at_k", "print_summary", "summarize", "summarize_roles"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -42,6 +42,25 @@ def _ks(n: int) -> list[int]:
     return ks
 
 
+class RoleSummary(BaseModel):
+    trajectories: int
+    mean_reward: float
+    reasons: dict[str, int] = Field(default_factory=dict)
+
+
+def summarize_roles(episodes: Sequence[Episode]) -> dict[str, RoleSummary]:
+    """Trajectories that carry their own reward, by role name; empty for single-agent rollouts."""
+    rewards: dict[str, list[float]] = defaultdict(list)
+    reasons: dict[str, Counter[str]] = defaultdict(Counter)
+    for ep in episodes:
+        for traj in ep.trajectories:
+            if traj.reward is not None:
+                rewards[traj.name].append(traj.reward)
+                reasons[traj.name][str(traj.metadata.get("reward_reason", "unscored"))] += 1
+    return {role: RoleSummary(trajectories=len(vals), mean_reward=sum(vals) / len(vals),
+                              reasons=dict(reasons[role].most_common())) for role, vals in sorted(rewards.items())}
+
+
 class EvalSummary(BaseModel):
     benchmark: str
     split: str
@@ -59,6 +78,8 @@ class EvalSummary(BaseModel):
     tokens_per_s: float = 0.0
     wall_time_s: float = 0.0
     errors: int = 0
+    roles: dict[str, RoleSummary] = Field(default_factory=dict)
+    """Per-role results of workflows whose roles are graded on their own answers (solver, judge, debater)."""
     config: dict[str, Any] = Field(default_factory=dict)
 
 
@@ -85,7 +106,8 @@ def summarize(episodes: Sequence[Episode], *, benchmark: str, split: str, model:
         mean_reward=sum(e.reward or 0.0 for e in episodes) / n_eps if n_eps else 0.0,
         reasons=dict(reasons.most_common()), prompt_tokens=prompt, completion_tokens=completion,
         tokens_per_s=completion / wall_time_s if wall_time_s > 0 else 0.0, wall_time_s=wall_time_s,
-        errors=sum(1 for e in episodes if e.error is not None), config=dict(config or {}),
+        errors=sum(1 for e in episodes if e.error is not None), roles=summarize_roles(episodes),
+        config=dict(config or {}),
     )
 
 
@@ -99,6 +121,8 @@ def print_summary(summary: EvalSummary, console: Console | None = None) -> None:
         table.add_row(k, f"{v:.3f}")
     table.add_row("mean reward", f"{summary.mean_reward:.3f}")
     table.add_row("reasons", ", ".join(f"{r} {n}" for r, n in summary.reasons.items()))
+    for role, rs in summary.roles.items():
+        table.add_row(f"role {role} (×{rs.trajectories})", f"mean reward {rs.mean_reward:.3f}")
     table.add_row("tokens (prompt / completion)", f"{summary.prompt_tokens:,} / {summary.completion_tokens:,}")
     table.add_row("completion tok/s", f"{summary.tokens_per_s:,.1f}")
     table.add_row("wall time", f"{summary.wall_time_s:.1f} s")

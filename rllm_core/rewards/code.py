@@ -17,15 +17,29 @@ __all__ = ["grade_code", "grade_stdio", "humaneval_program", "stdio_program"]
 
 
 def humaneval_program(prompt: str, completion: str, test: str, entry_point: str | None) -> str:
-    """The check program. A completion that defines the function itself replaces the prompt's stub (chat
-    models answer with the whole function); a body-only completion is appended to the prompt."""
-    if not entry_point or f"def {entry_point}" in completion or not prompt:
-        head = "\n".join(line for line in prompt.splitlines() if line.startswith(("import ", "from ")))
-        body = f"{head}\n{completion}" if head else completion
-    else:
+    """The check program. A body-only completion is appended to the prompt. A completion that defines the
+    function itself (chat models answer with the whole function) follows the whole prompt, whose stub it
+    redefines, so helpers the prompt defines (HumanEval/38's `encode_cyclic`) stay; when the prompt's stub
+    does not parse on its own, only the prompt's imports are kept."""
+    if entry_point and prompt and f"def {entry_point}" not in completion:
         body = prompt + completion
+    elif prompt:
+        head = "\n".join(line for line in prompt.splitlines() if line.startswith(("import ", "from ")))
+        body = f"{prompt.rstrip()}\n\n{completion}"
+        if _syntax_error_in(body) is not None:
+            body = f"{head}\n{completion}" if head else completion
+    else:
+        body = completion
     check = f"\n\ncheck({entry_point})\n" if entry_point else "\n"
     return f"{body}\n\n{test}{check}"
+
+
+def _syntax_error_in(source: str) -> SyntaxError | None:
+    try:
+        compile(source, "solution.py", "exec")
+    except SyntaxError as exc:
+        return exc
+    return None
 
 
 def stdio_program(code: str, cases: list[dict[str, Any]]) -> str:
@@ -60,17 +74,23 @@ def _result(code: str, run: SandboxResult) -> RewardResult:
     return RewardResult.fail("wrong_answer", code, **details)
 
 
+def _syntax_error(program: str, code: str) -> RewardResult | None:
+    """format_error when the program around the model's code does not parse (checked here, not in the child)."""
+    exc = _syntax_error_in(program)
+    return None if exc is None else RewardResult.fail("format_error", code, note=f"{type(exc).__name__}: {exc}")
+
+
 def grade_code(response: str, tests: str, entry_point: str | None = None, prompt: str = "",
                limits: SandboxLimits | None = None) -> RewardResult:
-    """Run the reply's code followed by `tests` (and `check(entry_point)` when given, HumanEval style)."""
+    """Run the reply's code followed by `tests` (and `check(entry_point)` when given, HumanEval style).
+
+    The whole program is what must parse: a body-only completion ("    return x + 1") is valid once it is
+    appended to the prompt's signature."""
     code = _code_of(response)
     if not code.strip():
         return RewardResult.fail("no_answer_extracted")
-    try:
-        compile(code, "solution.py", "exec")
-    except SyntaxError as exc:
-        return RewardResult.fail("format_error", code, note=f"SyntaxError: {exc}")
-    return _result(code, run_python(humaneval_program(prompt, code, tests, entry_point), limits))
+    program = humaneval_program(prompt, code, tests, entry_point)
+    return _syntax_error(program, code) or _result(code, run_python(program, limits))
 
 
 def grade_stdio(response: str, cases: list[dict[str, Any]], limits: SandboxLimits | None = None) -> RewardResult:
@@ -78,8 +98,4 @@ def grade_stdio(response: str, cases: list[dict[str, Any]], limits: SandboxLimit
     code = _code_of(response)
     if not code.strip():
         return RewardResult.fail("no_answer_extracted")
-    try:
-        compile(code, "solution.py", "exec")
-    except SyntaxError as exc:
-        return RewardResult.fail("format_error", code, note=f"SyntaxError: {exc}")
-    return _result(code, run_python(stdio_program(code, cases), limits))
+    return _syntax_error(code, code) or _result(code, run_python(stdio_program(code, cases), limits))

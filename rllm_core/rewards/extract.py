@@ -75,32 +75,42 @@ def extract_tag(text: str, tag: str = "answer") -> str | None:
 
 
 def extract_choice(text: str, letters: str = "ABCDEFGHIJ") -> str | None:
-    """A multiple-choice letter: from "answer is (C)", `\\boxed{C}`, "C)" / "C." at a line start, or a bare letter."""
+    """A multiple-choice letter: from "answer is (C)", `\\boxed{C}`, "C)" / "C." at a line start, or a bare letter.
+
+    Letters must be upper case ("the answer is a bit long" holds no answer "A"); the word "answer" may be
+    in any case and wrapped in markdown ("**Answer:** C").
+    """
     boxed = extract_boxed(text)
     if boxed and len(boxed.strip("() .")) == 1 and boxed.strip("() .").upper() in letters:
         return boxed.strip("() .").upper()
     cls = f"[{letters}]"
     patterns = [
-        rf"answer\s*(?:is|:)?\s*[:\-]?\s*\(?\**({cls})\b",
+        rf"(?i:answer)\**\s*(?:(?i:is)|:)?\s*[:\-]?\s*\**\s*\(?\s*({cls})\b",
         rf"^\s*\(?({cls})[\).:]",
         rf"^\s*\(?({cls})\)?\s*$",
         rf"\(({cls})\)",
     ]
     for pat in patterns:
-        found = re.findall(pat, text, flags=re.IGNORECASE | re.MULTILINE)
+        found = re.findall(pat, text, flags=re.MULTILINE)
         if found:
-            letter = found[-1].upper()
-            if letter in letters:
-                return letter
+            return str(found[-1])
     return None
 
 
+_FENCE = re.compile(r"```[ \t]*([\w+.#-]*)[^\n]*\n(.*?)```", flags=re.DOTALL)
+_PYTHON_TAGS = ("", "python", "python3", "py", "py3")
+
+
 def extract_code(text: str) -> str | None:
-    """The last fenced code block (```python ... ``` or ``` ... ```), or None when there is no fence."""
-    blocks = re.findall(r"```[ \t]*(?:python|py|Python)?[ \t]*\n(.*?)```", text, flags=re.DOTALL)
+    """The last fenced Python block (```python, ```py3, or untagged), else the last fenced block of any
+    language; an opened fence never closed (cut off) gives what follows it; None when there is no fence."""
+    blocks = [(tag.lower(), body) for tag, body in _FENCE.findall(text)]
+    python = [body for tag, body in blocks if tag in _PYTHON_TAGS]
+    if python:
+        return python[-1]
     if blocks:
-        return blocks[-1]
-    if "```" in text:  # an opened fence never closed (cut off): take what follows it
+        return blocks[-1][1]
+    if "```" in text:
         tail = text.split("```", 1)[1]
         return tail.split("\n", 1)[1] if "\n" in tail else None
     return None

@@ -31,8 +31,10 @@ def reasoning_gym_dataset(name: str, seed: int, size: int) -> Any:
 
 def grade_reasoning_gym(response: str, dataset: str, seed: int, size: int, index: int) -> RewardResult:
     """The answer is the last <answer>...</answer>, else the whole reply. Reasons: correct, wrong_answer,
-    no_answer_extracted, format_error (the scorer could not read the answer)."""
-    extracted = extract_tag(response or "") or (response or "").strip() or None
+    no_answer_extracted, format_error (no <answer> tag and the whole reply is not right either, or the
+    scorer could not read the answer): "never uses the tags" and "wrong" need different fixes."""
+    tagged = extract_tag(response or "")
+    extracted = tagged or (response or "").strip() or None
     if extracted is None:
         return RewardResult.fail("no_answer_extracted")
     ds = reasoning_gym_dataset(dataset, seed, size)
@@ -42,4 +44,6 @@ def grade_reasoning_gym(response: str, dataset: str, seed: int, size: int, index
         return RewardResult.fail("format_error", extracted, note=f"{type(exc).__name__}: {exc}")
     if raw >= 1.0:
         return RewardResult.correct(extracted, raw_score=raw)
+    if tagged is None:
+        return RewardResult.fail("format_error", extracted, raw_score=raw, note="no <answer></answer> tag")
     return RewardResult.fail("wrong_answer", extracted, raw_score=raw)

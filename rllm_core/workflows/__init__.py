@@ -3,11 +3,13 @@
     iterative_refinement(rounds)        answer → critique → revise     trajectories: solver, critic
     solver_judge(n_solvers)             N solvers, a judge picks        trajectories: solver ×N, judge
     self_debate(n_agents, rounds)       agents argue, moderator ends    trajectories: debater ×N, moderator
-    get_workflow(name, **options)       by CLI name: refinement | solver-judge | self-debate
+    get_workflow(name, **options)       by CLI name: refinement | solver-judge | self-debate, options
+                                        as keywords or in the name ('self-debate:n_agents=3,rounds=1')
 """
 
 from __future__ import annotations
 
+import inspect
 from collections.abc import Callable
 from typing import Any
 
@@ -28,8 +30,29 @@ WORKFLOWS: dict[str, Callable[..., Rollout]] = {
 }
 
 
+def _parse_options(spec: str) -> dict[str, int]:
+    options: dict[str, int] = {}
+    for item in filter(None, (p.strip() for p in spec.split(","))):
+        key, sep, value = item.partition("=")
+        if not sep or not value.strip().lstrip("-").isdigit():
+            raise ConfigError(f"workflow option {item!r} must look like name=INTEGER (e.g. n_solvers=3)")
+        options[key.strip()] = int(value)
+    return options
+
+
 def get_workflow(name: str, **options: Any) -> Rollout:
-    key = name.replace("_", "-").lower()
+    """A workflow by CLI name, with options as keywords or in the name: 'solver-judge:n_solvers=3'."""
+    base, _, spec = name.partition(":")
+    key = base.strip().replace("_", "-").lower()
     if key not in WORKFLOWS:
         raise ConfigError(f"unknown workflow {name!r}; choose one of {sorted(WORKFLOWS)}")
-    return WORKFLOWS[key](**options)
+    factory = WORKFLOWS[key]
+    options = {**_parse_options(spec), **options}
+    accepted = list(inspect.signature(factory).parameters)
+    unknown = sorted(set(options) - set(accepted))
+    if unknown:
+        raise ConfigError(f"workflow {key!r} has no option {', '.join(unknown)}; its options are {accepted}")
+    try:
+        return factory(**options)
+    except ValueError as exc:
+        raise ConfigError(f"workflow {name!r}: {exc}") from None

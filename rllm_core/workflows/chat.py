@@ -14,7 +14,7 @@ from rllm_core.context import current_agent
 from rllm_core.rollout import RolloutConfig
 from rllm_core.types import Task
 
-__all__ = ["AGENT_HEADER", "ChatReply", "chat", "make_client", "task_messages"]
+__all__ = ["AGENT_HEADER", "ChatReply", "chat", "make_client", "task_messages", "task_text"]
 
 AGENT_HEADER = "X-RLLM-Agent"
 
@@ -40,6 +40,14 @@ def task_messages(task: Task) -> list[dict[str, Any]]:
     if isinstance(task.instruction, list):
         return [dict(m) for m in task.instruction]
     return [{"role": "user", "content": str(task.instruction)}]
+
+
+def task_text(task: Task) -> str:
+    """The task as plain text, for prompts that quote it to another agent (judge, critic, moderator): a
+    message-list instruction becomes its messages' text, one per line."""
+    if isinstance(task.instruction, list):
+        return "\n\n".join(str(m.get("content") or "") for m in task.instruction if m.get("role") != "system")
+    return str(task.instruction)
 
 
 def make_client(config: RolloutConfig) -> AsyncOpenAI:

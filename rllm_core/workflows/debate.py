@@ -12,7 +12,7 @@ from typing import Any
 from rllm_core.context import agent_scope
 from rllm_core.rollout import RolloutConfig
 from rllm_core.types import Task
-from rllm_core.workflows.chat import chat, make_client, task_messages
+from rllm_core.workflows.chat import chat, make_client, task_messages, task_text
 from rllm_core.workflows.roles import ROLES_KEY, RoleRollout, agent_name
 
 __all__ = ["self_debate"]
@@ -48,7 +48,7 @@ def self_debate(n_agents: int = 2, rounds: int = 2) -> RoleRollout:
             answers = "\n\n".join(f"Agent {i + 1}: {a}" for i, a in enumerate(latest))
             with agent_scope("moderator"):
                 final = (await chat(client, config, [{"role": "user", "content": MODERATOR_PROMPT.format(
-                    problem=task.instruction, answers=answers)}])).text
+                    problem=task_text(task), answers=answers)}])).text
         roles: dict[str, dict[str, Any]] = {
             agent_name("debater", i): {"role": "debater", "answer": a, "index": i} for i, a in enumerate(latest)}
         roles["moderator"] = {"role": "moderator", "answer": final}

@@ -11,7 +11,7 @@ from typing import Any
 from rllm_core.context import agent_scope
 from rllm_core.rollout import Rollout, RolloutConfig
 from rllm_core.types import Task
-from rllm_core.workflows.chat import chat, make_client, task_messages
+from rllm_core.workflows.chat import chat, make_client, task_messages, task_text
 
 __all__ = ["iterative_refinement"]
 
@@ -33,7 +33,7 @@ def iterative_refinement(rounds: int = 1) -> Rollout:
             for _ in range(rounds):
                 with agent_scope("critic"):
                     critique = (await chat(client, config, [{"role": "user", "content": CRITIC_PROMPT.format(
-                        problem=task.instruction, answer=answer)}])).text
+                        problem=task_text(task), answer=answer)}])).text
                 history.append({"answer": answer, "critique": critique})
                 messages = [*messages, {"role": "assistant", "content": answer},
                             {"role": "user", "content": REVISE_PROMPT.format(critique=critique)}]

@@ -13,24 +13,30 @@ from typing import Any
 from rllm_core.context import agent_scope
 from rllm_core.rollout import RolloutConfig
 from rllm_core.types import Task
-from rllm_core.workflows.chat import chat, make_client, task_messages
+from rllm_core.workflows.chat import chat, make_client, task_messages, task_text
 from rllm_core.workflows.roles import ROLES_KEY, RoleRollout, agent_name
 
 __all__ = ["parse_pick", "solver_judge"]
 
 
+_NAMED_PICK = re.compile(r"(?:solution|answer|candidate)\s*#?\s*(\d+)", flags=re.IGNORECASE)
+_BARE_PICK = re.compile(r"^\W*(\d+)\W*$")
+
+
 def parse_pick(text: str, n: int) -> int | None:
-    """The judge's choice as a 0-based index: the last "Solution k" / bare number in 1..n."""
-    found = re.findall(r"(?:solution|answer|candidate)?\s*#?\s*(\d+)", text or "", flags=re.IGNORECASE)
-    for tok in reversed(found):
-        k = int(tok)
-        if 1 <= k <= n:
-            return k - 1
+    """The judge's choice as a 0-based index: the last "Solution k" (k in 1..n), else a reply that is just
+    a number; None otherwise. Other numbers in the judge's reasoning ("2 + 2 = 4") are never a pick."""
+    for tok in reversed(_NAMED_PICK.findall(text or "")):
+        if 1 <= int(tok) <= n:
+            return int(tok) - 1
+    bare = _BARE_PICK.match((text or "").strip())
+    if bare and 1 <= int(bare.group(1)) <= n:
+        return int(bare.group(1)) - 1
     return None
 
 
 def _judge_prompt(task: Task, answers: list[str]) -> str:
-    parts = [f"Problem:\n{task.instruction}\n", "Candidate solutions:"]
+    parts = [f"Problem:\n{task_text(task)}\n", "Candidate solutions:"]
     parts += [f"\nSolution {i + 1}:\n{a.strip()}" for i, a in enumerate(answers)]
     parts += [f"\nWhich solution is correct? Reply with 'Solution k' for k between 1 and {len(answers)}."]
     return "\n".join(parts)
@@ -51,9 +57,11 @@ def solver_judge(n_solvers: int = 2) -> RoleRollout:
             with agent_scope("judge"):
                 verdict = await chat(client, config, [{"role": "user", "content": _judge_prompt(task, answers)}])
         pick = parse_pick(verdict.text, n_solvers)
-        chosen = answers[pick if pick is not None else 0]
+        chosen = answers[pick if pick is not None else 0]  # the episode still answers when the judge did not pick
         roles = {agent_name("solver", i): {"role": "solver", "answer": a, "index": i} for i, a in enumerate(answers)}
-        roles["judge"] = {"role": "judge", "answer": chosen, "pick": pick, "verdict": verdict.text}
+        # A judge that named no solution is graded on an empty answer (no_answer_extracted), not on solver 1's.
+        roles["judge"] = {"role": "judge", "answer": chosen if pick is not None else "", "pick": pick,
+                          "verdict": verdict.text}
         return {"answer": chosen, "candidates": answers, "pick": pick, ROLES_KEY: roles}
 
     return RoleRollout(run, name="solver_judge")
