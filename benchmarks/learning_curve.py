@@ -19,6 +19,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -99,6 +100,7 @@ def main() -> None:
 
     out = Path(args.out)
     run_dir = out / "run"
+    shutil.rmtree(run_dir, ignore_errors=True)  # this script's own previous run: a measurement starts fresh
     out.mkdir(parents=True, exist_ok=True)
     cmd = train_cmd(args, run_dir)
     print("running:", " ".join(cmd), flush=True)

@@ -3,6 +3,7 @@ recomputed ones (first ratio = 1) before and after a weight sync, LoRA sync, and
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import httpx
@@ -12,6 +13,7 @@ import torch
 from rllm_backends.local_torch.backend import LocalTorchBackend
 from rllm_backends.local_torch.logprobs import collate, sequence_logprobs
 from rllm_core.backend import Backend, create_backend
+from rllm_core.errors import ConfigError
 from rllm_core.training.config import TrainConfig
 from rllm_core.training.packing import TrainRow
 
@@ -84,6 +86,41 @@ def test_lora_weights_are_merged_into_the_server() -> None:
         assert _max_logprob_gap(backend, rows2) < 1e-4
     finally:
         backend.shutdown()
+
+
+@pytest.mark.slow
+def test_save_then_load_serves_the_saved_weights(tmp_path: Path) -> None:
+    first = LocalTorchBackend()
+    first.setup(_cfg())
+    try:
+        rows, _ = _sample(first)
+        first.train_step(rows)
+        first.sync_weights()
+        first.save(tmp_path)
+        rows2, _ = _sample(first)  # sampled from the saved weights
+        first.train_step(rows2)  # the trainer moves on; the checkpoint must not
+    finally:
+        first.shutdown()
+    resumed = LocalTorchBackend()
+    resumed.setup(_cfg())
+    try:
+        assert _max_logprob_gap(resumed, rows2) > 1e-3  # a fresh model differs...
+        resumed.load(tmp_path)
+        assert _max_logprob_gap(resumed, rows2) < 1e-4  # ...the loaded trainer has the saved weights
+        assert resumed.trainer.step == 1
+        rows3, _ = _sample(resumed)  # and the server samples from them at once
+        assert _max_logprob_gap(resumed, rows3) < 1e-4
+    finally:
+        resumed.shutdown()
+
+
+@pytest.mark.parametrize(("device", "message"), [("cuda:99", "CUDA GPU"), ("potato", "not a torch device"),
+                                               ("meta", "cpu or one CUDA GPU")])
+def test_bad_device_is_a_config_error_before_loading(device: str, message: str) -> None:
+    backend = LocalTorchBackend()
+    with pytest.raises(ConfigError, match=message):
+        backend.setup(_cfg(device=device))
+    assert backend.server is None
 
 
 def test_local_backend_is_registered() -> None:

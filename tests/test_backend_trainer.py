@@ -136,6 +136,26 @@ def test_no_trainable_tokens_and_memory_check() -> None:
         trainer.check_memory(micro_batch=100_000, seq_len=100_000)
 
 
+def test_batch_that_does_not_fit_is_refused_with_numbers(monkeypatch: pytest.MonkeyPatch) -> None:
+    import rllm_backends.local_torch.trainer as trainer_mod
+
+    trainer = TorchTrainer(tiny_model(), cfg(micro_batch_size=16))
+    rows, _ = make_rows(trainer.model, torch.Generator().manual_seed(6))
+    before = weights(trainer.model)
+    monkeypatch.setattr(trainer_mod, "_available_bytes", lambda device: 2**20)  # 1 MiB free
+    with pytest.raises(TrainingError, match=r"16 rows × 9 tokens needs about [\d.]+ GiB but only 0\.0 GiB is free on "
+                                            r"cpu: lower --micro-batch-size \(e\.g\. \d+\)"):
+        trainer.train_step(rows)
+    assert trainer.step == 0 and all(torch.equal(v, before[k]) for k, v in weights(trainer.model).items())
+
+
+def test_a_token_at_position_zero_is_never_counted() -> None:
+    trainer = TorchTrainer(tiny_model(), cfg())
+    first_only = TrainRow(tokens=[5, 6], loss_mask=[1, 0], sampling_logprobs=[-1.0, 0.0], advantages=[1.0, 0.0])
+    with pytest.raises(TrainingError, match="no trainable tokens"):  # nothing precedes token 0 to predict it
+        trainer.train_step([first_only])
+
+
 def test_bf16_checkpointing_and_lora_options_train() -> None:
     rows, _ = make_rows(tiny_model(), torch.Generator().manual_seed(4))
     trainer = TorchTrainer(tiny_model(), cfg(bf16=True, gradient_checkpointing=True))

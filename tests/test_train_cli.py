@@ -22,9 +22,14 @@ def test_train_then_resume_on_arithmetic(tmp_path: Path) -> None:
     out = tmp_path / "arith-01"
     res = runner.invoke(build_app(), ["train", "arithmetic", "--max-steps", "2", "--output", str(out), *SMALL])
     assert res.exit_code == 0, res.output
+    assert "step    2  reward" in res.output and "eval    2  sampled acc" in res.output
     assert latest_checkpoint(out / "checkpoints") == out / "checkpoints" / "step_2"
+    res = runner.invoke(build_app(), ["train", "arithmetic", "--max-steps", "1", "--output", str(out), *SMALL])
+    assert res.exit_code == 1 and "already holds a training run" in res.output  # never mixed into
     res = runner.invoke(build_app(), ["train", "--resume", str(out), "--max-steps", "3", "--no-progress"])
     assert res.exit_code == 0, res.output
+    assert "step    3  reward" in res.output and "step    2" not in res.output
+    assert "done: 3 steps, held-out accuracy 0." in res.output and " → " in res.output  # first eval of the run
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     train_steps = [r["step"] for r in records if r["kind"] == "train"]
     assert train_steps == [1, 2, 3]

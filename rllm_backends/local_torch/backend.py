@@ -41,8 +41,9 @@ class LocalTorchBackend:
         import torch
 
         from rllm_backends.local_torch.serving import load_model, start_policy_server
-        from rllm_backends.local_torch.trainer import TorchTrainer
+        from rllm_backends.local_torch.trainer import TorchTrainer, check_device
 
+        check_device(config.device)  # before loading anything: a bad --device is one line, not a traceback
         self.config = config
         torch.manual_seed(config.seed)
         loaded = self._loaded or load_model(config.model, dtype=torch.float32, device=config.device)

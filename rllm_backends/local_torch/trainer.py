@@ -24,7 +24,7 @@ from rllm_core.errors import ConfigError, TrainingError
 from rllm_core.training.config import TrainConfig
 from rllm_core.training.packing import TrainRow
 
-__all__ = ["TorchTrainer", "estimate_step_bytes"]
+__all__ = ["TorchTrainer", "check_device", "estimate_step_bytes"]
 
 _SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 
@@ -55,14 +55,29 @@ def _available_bytes(device: torch.device) -> int:
     return int(psutil.virtual_memory().available)
 
 
+def check_device(device: str) -> torch.device:
+    """The torch device for `--device`, or a ConfigError that says what this machine has."""
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"--device {device!r} is not a torch device; use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(f"--device {device!r} asked for, but this torch sees no CUDA GPU: use --device cpu")
+        if dev.index is not None and dev.index >= count:
+            raise ConfigError(f"--device {device!r}: this machine has {count} CUDA GPU(s) (cuda:0..cuda:{count - 1})")
+    elif dev.type != "cpu":
+        raise ConfigError(f"--device {device!r}: the local backend runs on cpu or one CUDA GPU")
+    return dev
+
+
 class TorchTrainer:
     """Owns the trainable model, its optimizer and schedule; `train_step(rows)` is one update."""
 
     def __init__(self, model: torch.nn.Module, config: TrainConfig, pad_token_id: int = 0) -> None:
         self.config = config
-        self.device = torch.device(config.device)
-        if self.device.type == "cuda" and not torch.cuda.is_available():
-            raise ConfigError(f"device {config.device!r} asked for, but this torch has no CUDA: use --device cpu")
+        self.device = check_device(config.device)
         self.pad_token_id = pad_token_id
         model = model.to(device=self.device, dtype=torch.float32)
         if config.gradient_checkpointing:
@@ -96,15 +111,16 @@ class TorchTrainer:
         tokens_per_s. Raises TrainingError (weights untouched) when there is nothing to train or the loss
         is not finite."""
         cfg = self.config
-        rows = [r for r in rows if r.num_trained_tokens > 0]
+        rows = [r for r in rows if any(r.loss_mask[1:])]
         if not rows:
             raise TrainingError("no trainable tokens in this batch (every row has loss mask 0); step skipped")
         started = time.perf_counter()
         rows = sorted(rows, key=lambda r: len(r.tokens))  # less padding per micro-batch
-        token_denom = float(sum(r.num_trained_tokens for r in rows))
+        # position 0 has no prefix to predict it from, so it can never be trained: not in the denominator
+        token_denom = float(sum(sum(r.loss_mask[1:]) for r in rows))
         seq_denom = float(len(rows))
         mb = cfg.micro_batch_size
-        self.check_memory(mb, max(len(r.tokens) for r in rows))
+        self.check_memory(min(mb, len(rows)), max(len(r.tokens) for r in rows))
         self.model.train()
         self.optimizer.zero_grad(set_to_none=True)
         sums: dict[str, float] = {}
@@ -116,7 +132,7 @@ class TorchTrainer:
             if not math.isfinite(loss):
                 self.optimizer.zero_grad(set_to_none=True)
                 raise TrainingError(f"loss is not finite ({loss}) at trainer step {self.step + 1}; weights were "
-                                    "not updated. Lower --lr, check rewards for NaN, or use --bf16 false")
+                                    "not updated. Check rewards for NaN, lower --lr, or try --no-bf16")
             total_loss += loss
             total_tokens += sum(len(r.tokens) for r in chunk)
             for k, v in metrics.items():
@@ -126,7 +142,7 @@ class TorchTrainer:
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise TrainingError(f"gradient norm is not finite at trainer step {self.step + 1}; weights were not "
-                                "updated. Lower --lr or enable --max-grad-norm")
+                                "updated. Lower --lr, or try --no-bf16")
         lr = self.scheduler.get_last_lr()[0]
         self.optimizer.step()
         self.scheduler.step()

@@ -14,8 +14,8 @@ with the same group id are n attempts at the same task by the same role. Semanti
                 (A − mean_B) / sqrt(var_B + 1e-8) with unbiased var_B. verl whitens over response tokens
                 (longer responses weigh more); pass `weights_B` (e.g. response lengths) to reproduce that.
 
-For all group estimators a group of one row gives 0: use `requires_groups(estimator)` to reject group size 1
-up front.
+For all group estimators a group of one row gives 0 (for reinforce++ before the batch whitening): use
+`requires_groups(estimator)` to reject group size 1 up front.
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ def estimator_for_role(role: str, estimator: str | Mapping[str, str], default: s
     if isinstance(estimator, str):
         return estimator
     return estimator.get(role, estimator.get("*", default))
-
 
 
 def _group_index(group_ids: Sequence[Hashable]) -> torch.Tensor:

@@ -24,9 +24,9 @@ from rllm_core.types import Episode, TrajectoryGroup
 __all__ = ["REJECTION_MODES", "classify_rewards", "filter_groups"]
 
 
-
 def classify_rewards(rewards: Sequence[float], tol: float = 1e-9) -> str:
-    """'too_easy', 'too_hard' or 'mixed' for one group's rewards (a group of one is 'mixed' only if > 1)."""
+    """'mixed' when the rewards differ, else 'too_easy' (all > 0) or 'too_hard' (all ≤ 0, or no rewards); a
+    group of one is never mixed."""
     if not rewards:
         return "too_hard"
     if max(rewards) - min(rewards) > tol:

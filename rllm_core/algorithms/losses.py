@@ -17,6 +17,8 @@ Aggregation (`agg`), with M the mask:
 - ``seq-mean-token-sum``    mean_i Σ_t L·M                                 (sum per sequence, mean over rows)
 - ``seq-mean-token-mean``   mean_i (Σ_t L·M / Σ_t M)                       (original GRPO)
 - ``seq-mean-token-sum-norm`` Σ_i Σ_t L·M / (B · T_norm), T_norm = `norm_tokens` or T   (Dr. GRPO)
+  (verl's `agg_loss` divides by T_norm only, so its loss grows with the batch size B; we also divide by B so
+  that the gradient scale, and thus the learning rate, does not depend on the batch size. verl = ours · B.)
 
 `token_denominator` / `seq_denominator` replace the local Σ M / row count so that gradient accumulation over
 micro-batches gives exactly the full-batch loss.

@@ -29,66 +29,103 @@ class TrainConfig(BaseModel):
     """'default': the benchmark grades each episode; 'none': the agent scores itself (Episode.reward or
     artifacts['reward']) and the benchmark only supplies tasks."""
     train_split: str = "train"
+    """Split the training tasks come from."""
     val_split: str = "test"
+    """Held-out split for validation (never trained on)."""
     data_dir: str | None = None
+    """Directory with the benchmark's data files (default: the benchmark's own location)."""
     max_train_examples: int | None = None
+    """Use only the first N training tasks."""
     # model + backend
     model: str = "smollm2-135m"
+    """Model to train: 'smollm2-135m' (embedded), 'tiny-random', or a local Hugging Face model directory."""
     backend: str = "local"
+    """Training backend (see `rllm plugins`): 'local' trains in this process with torch."""
+    backend_options: dict[str, Any] = Field(default_factory=dict)
+    """Backend-specific settings passed through untouched (YAML/TOML only; e.g. a verl or tinker section)."""
     device: str = "cpu"
+    """'cpu', 'cuda' or 'cuda:N' (local backend)."""
     bf16: bool = False
     """bf16 autocast for forward/backward; master weights and optimizer stay fp32."""
     gradient_checkpointing: bool = False
-    lora_rank: int = 0
+    """Recompute activations in the backward pass: less memory, ~30% more compute."""
+    lora_rank: int = Field(0, ge=0)
+    """Train LoRA adapters of this rank (peft) instead of all weights; 0: full fine-tuning."""
     lora_alpha: int = 16
     # algorithm
     algo: str | dict[str, str] = "grpo"
     """Advantage estimator, or a map role → estimator (YAML only), '*' the fallback role."""
     loss: str = "ppo"
+    """Policy loss: ppo | importance_sampling | gspo."""
     agg: str = "token-mean"
-    clip_low: float = 0.2
-    clip_high: float = 0.2
-    clip_c: float = 3.0
-    kl_coef: float = 0.0
+    """Loss aggregation: token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm."""
+    clip_low: float = Field(0.2, ge=0)
+    """PPO clip ε below 1 (ratio ≥ 1 − clip_low)."""
+    clip_high: float = Field(0.2, ge=0)
+    """PPO clip ε above 1 (ratio ≤ 1 + clip_high; DAPO's clip-higher uses 0.28)."""
+    clip_c: float = Field(3.0, gt=1)
+    """Dual-clip constant c for negative advantages (ppo loss)."""
+    kl_coef: float = Field(0.0, ge=0)
+    """Weight of a KL-to-the-starting-policy loss term (0: off)."""
     kl_type: Literal["k1", "k3"] = "k3"
+    """KL estimator: k1 (log ratio) or k3 (low-variance, non-negative)."""
     rejection: str = "none"
+    """Rejection sampling: none | group (drop groups with all-equal rewards) | episode (per task)."""
     recompute_old_logprobs: bool = False
-    """Use the trainer's own logprobs (one extra forward pass) instead of the sampler's as π_old."""
+    """Take π_old from the trainer's own forward pass (ratio 1 at the single update per batch) instead of the
+    sampler's logprobs: use it when the sampler's numerics differ from the trainer's (vLLM, bf16 serving)."""
     # batch shape
     group_size: int = Field(4, ge=1)
     batch_size: int = Field(8, ge=1)
     """Tasks per step; each is attempted group_size times."""
     micro_batch_size: int = Field(8, ge=1)
+    """Rows per forward/backward; gradients accumulate over the batch (same result, less memory)."""
     max_seq_len: int = Field(1024, ge=8)
+    """Longest train row in tokens (prompt + completions); longer rows follow --overlong."""
     overlong: Literal["truncate", "drop"] = "truncate"
+    """What to do with a row over --max-seq-len: truncate it or drop it (both counted in metrics)."""
     # sampling
     temperature: float = Field(1.0, ge=0)
-    top_p: float = 1.0
+    """Sampling temperature of training rollouts (the trainer scores tokens at the same temperature)."""
+    top_p: float = Field(1.0, gt=0, le=1)
     max_tokens: int = Field(64, ge=1)
-    concurrency: int = 32
+    """Most tokens per LLM call (completion length)."""
+    concurrency: int = Field(32, ge=1)
+    """Episodes run at once."""
     episode_timeout_s: float | None = None
+    """Cancel an episode after this many seconds (scored 'timeout'; the run goes on)."""
     # optimiser
     lr: float = Field(1e-6, gt=0)
-    weight_decay: float = 0.0
-    warmup_steps: int = 0
+    """AdamW learning rate (peak, after warm-up)."""
+    weight_decay: float = Field(0.0, ge=0)
+    warmup_steps: int = Field(0, ge=0)
+    """Linear warm-up of the learning rate over this many steps."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
-    max_grad_norm: float = 1.0
+    """Learning-rate schedule after warm-up: constant | linear | cosine (decay to 0 at --max-steps)."""
+    max_grad_norm: float = Field(1.0, gt=0)
+    """Clip the gradient norm to this value."""
     # run
     max_steps: int = Field(20, ge=0)
     max_minutes: float | None = None
     """Wall-clock budget: stop after the step that crosses it (then checkpoint and final validation)."""
     seed: int = 0
+    """Seeds task order, model init and sampling order."""
     output: str = "runs/latest"
+    """The run directory (config.yaml, metrics.jsonl, episodes/, checkpoints/)."""
     eval_every: int = 0
     """Validate on the held-out split every N steps (0: only before and after)."""
-    eval_examples: int = 64
+    eval_examples: int = Field(64, ge=0)
+    """Held-out tasks per validation (0: no validation)."""
     eval_attempts: int = Field(1, ge=1)
     """Sampled attempts per held-out task (more attempts: a less noisy sampled accuracy)."""
     eval_greedy: bool = False
     """Also validate with greedy decoding (temperature 0)."""
-    save_every: int = 10
-    keep_checkpoints: int = 2
+    save_every: int = Field(10, ge=1)
+    """Checkpoint every N steps (and always after the last step)."""
+    keep_checkpoints: int = Field(2, ge=0)
+    """How many complete checkpoints to keep (0: all)."""
     save_episodes: bool = True
+    """Write every step's episodes to episodes/step_N.jsonl (for the trajectory viewer)."""
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:

@@ -21,7 +21,6 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
 from rllm_core.algorithms import filter_groups, group_advantages
 from rllm_core.backend import Backend, create_backend
@@ -29,10 +28,11 @@ from rllm_core.errors import ConfigError, TrainingError
 from rllm_core.rollout import Rollout
 from rllm_core.training.checkpoints import clean_partial_checkpoints, latest_checkpoint, read_state, save_checkpoint
 from rllm_core.training.config import TrainConfig
+from rllm_core.training.display import TrainDisplay
 from rllm_core.training.metrics import PhaseTimer, episode_metrics
 from rllm_core.training.packing import pack_groups
 from rllm_core.training.rundir import RunDir
-from rllm_core.training.setup import resolve_benchmark, resolve_rollout
+from rllm_core.training.setup import apply_benchmark_defaults, resolve_benchmark, resolve_rollout
 from rllm_core.types import Episode, Task, group_trajectories
 
 __all__ = ["TrainResult", "atrain", "sample_tasks", "train"]
@@ -80,7 +80,8 @@ async def _rollouts(rollout: Rollout, tasks: list[Task], backend: Backend, confi
     episodes = await run_episodes(rollout, tasks, base_url=endpoint.base_url, model=endpoint.model,
                                   attempts=attempts, concurrency=config.concurrency,
                                   sampling=_sampling(config, greedy), benchmark=scorer,
-                                  timeout_s=config.episode_timeout_s, progress=False)
+                                  timeout_s=config.episode_timeout_s, progress=False,
+                                  api_key=endpoint.api_key)
     if scorer is None:  # the agent scores itself: its Episode.reward, or artifacts["reward"]
         for ep in episodes:
             if ep.reward is None:
@@ -90,21 +91,74 @@ async def _rollouts(rollout: Rollout, tasks: list[Task], backend: Backend, confi
     return episodes
 
 
-async def _validate(rollout: Rollout, tasks: list[Task], backend: Backend, config: TrainConfig, benchmark: Any,
-                    run: RunDir, step: int) -> dict[str, Any]:
-    timer = PhaseTimer()
-    metrics: dict[str, Any] = {}
-    with timer("eval"):
-        episodes = await _rollouts(rollout, tasks, backend, config, benchmark, attempts=config.eval_attempts)
-        metrics.update(episode_metrics(episodes, prefix="val/"))
-        if config.eval_greedy:
-            greedy = await _rollouts(rollout, tasks, backend, config, benchmark, attempts=1, greedy=True)
-            metrics.update(episode_metrics(greedy, prefix="val_greedy/"))
-    metrics.update(timer.metrics())
-    if config.save_episodes:
-        run.save_episodes(f"eval_step_{step}", episodes)
-    run.log("eval", step, metrics)
-    return metrics
+@dataclass
+class _Stages:
+    """What every step needs, bound once: `train_step` and `validate` are the two things the loop repeats."""
+
+    config: TrainConfig
+    rollout: Rollout
+    benchmark: Any
+    backend: Backend
+    run: RunDir
+    train_tasks: Sequence[Task]
+    val_tasks: list[Task]
+
+    async def train_step(self, step: int, display: TrainDisplay) -> dict[str, Any]:
+        """sample → rollouts → rewards → groups → filter → advantages → pack → train → sync; metrics logged."""
+        config, backend = self.config, self.backend
+        timer = PhaseTimer()
+        metrics: dict[str, Any] = {}
+        with timer("step"):
+            display.phase(f"step {step}: rollouts")
+            with timer("rollout"):
+                tasks = sample_tasks(self.train_tasks, config.batch_size, config.seed, step)
+                episodes = await _rollouts(self.rollout, tasks, backend, config, self.benchmark,
+                                           attempts=config.group_size)
+            metrics.update(episode_metrics(episodes))
+            groups, filter_metrics = filter_groups(group_trajectories(episodes), config.rejection, episodes)
+            metrics.update(filter_metrics)
+            rows, pack_metrics = pack_groups(groups, group_advantages(groups, config.algo),
+                                             max_tokens=config.max_seq_len, overlong=config.overlong)
+            metrics.update(pack_metrics)
+            if not any(r.num_trained_tokens for r in rows):
+                metrics["skipped"] = _skip_reason(episodes, groups, rows)
+                log.warning("step %d skipped: %s", step, metrics["skipped"])
+            else:
+                display.phase(f"step {step}: train on {len(rows)} rows")
+                with timer("train"):
+                    metrics.update(backend.train_step(rows))
+                display.phase(f"step {step}: sync weights")
+                with timer("sync"):
+                    metrics["policy_version"] = backend.sync_weights()
+        metrics.update(timer.metrics())
+        metrics["throughput/tokens_per_s"] = metrics.get("pack/tokens", 0.0) / max(metrics["time/step_s"], 1e-9)
+        if config.save_episodes:
+            self.run.save_episodes(f"step_{step}", episodes)
+        self.run.log("train", step, metrics)
+        return metrics
+
+    async def validate(self, step: int, display: TrainDisplay) -> dict[str, Any]:
+        """Held-out accuracy: sampled at the training temperature (eval_attempts per task), and greedy."""
+        config = self.config
+        display.phase(f"validating on {len(self.val_tasks)} held-out tasks")
+        timer = PhaseTimer()
+        metrics: dict[str, Any] = {}
+        with timer("eval"):
+            episodes = await _rollouts(self.rollout, self.val_tasks, self.backend, config, self.benchmark,
+                                       attempts=config.eval_attempts)
+            metrics.update(episode_metrics(episodes, prefix="val/"))
+            if config.eval_greedy:
+                greedy = await _rollouts(self.rollout, self.val_tasks, self.backend, config, self.benchmark,
+                                         attempts=1, greedy=True)
+                metrics.update(episode_metrics(greedy, prefix="val_greedy/"))
+        metrics.update(timer.metrics())
+        if config.save_episodes:
+            self.run.save_episodes(f"eval_step_{step}", episodes)
+            if config.eval_greedy:
+                self.run.save_episodes(f"eval_greedy_step_{step}", greedy)
+        self.run.log("eval", step, metrics)
+        display.eval_done(step, metrics)
+        return metrics
 
 
 def _resume(run: RunDir, backend: Backend) -> tuple[int, Path | None]:
@@ -125,17 +179,29 @@ def _resume(run: RunDir, backend: Backend) -> tuple[int, Path | None]:
 async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchmark: Any = None,
                  rollout: Rollout | None = None, resume: bool = False, progress: bool = True,
                  console: Console | None = None) -> TrainResult:
-    """Run (or resume) training as configured; see the module docstring for the stages."""
+    """Run (or resume) training as configured; see the module docstring for the stages.
+
+    `backend`, `benchmark` and `rollout` replace the ones the config names (tests, benchmarks, notebooks).
+    `progress` shows the live bar; one line per step and per validation is printed to `console` either way
+    (`Console(quiet=True)` for silence)."""
     benchmark = resolve_benchmark(config, benchmark)
+    config, recommended = apply_benchmark_defaults(config, benchmark)
+    console = console or Console()
+    if recommended:
+        shown = ", ".join(f"{k}={v}" for k, v in recommended.items())
+        console.print(f"[dim]{config.benchmark}'s recommended settings: {shown} (a flag overrides them)[/dim]")
     rollout = rollout or resolve_rollout(config, benchmark)
     train_tasks = benchmark.load(config.train_split, data_dir=config.data_dir,
                                  max_examples=config.max_train_examples, seed=config.seed)
     val_tasks = benchmark.load(config.val_split, data_dir=config.data_dir, max_examples=config.eval_examples,
                                seed=config.seed + 1) if config.eval_examples > 0 else []
-    run = RunDir(config.output).create()
+    run = RunDir(config.output)
+    if not resume and run.holds_run():
+        raise ConfigError(f"{run.path} already holds a training run: continue it with `rllm train --resume "
+                          f"{run.path}`, or pass another --output (or delete the directory)")
+    run.create()
     config.dump_yaml(run.config_file)
     backend = backend or create_backend(config.backend, config)
-    console = console or Console()
     result = TrainResult(run_dir=run.path, steps_done=0, last_checkpoint=None)
     try:
         backend.setup(config)
@@ -143,32 +209,31 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
         if resume:
             start, result.last_checkpoint = _resume(run, backend)
         result.steps_done = start
-        if start == 0 and val_tasks:
-            result.evals.append(await _validate(rollout, val_tasks, backend, config, benchmark, run, 0))
-        columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                   TextColumn("{task.fields[status]}"))
-        with Progress(*columns, console=console, disable=not progress, transient=False) as bar:
-            task_id = bar.add_task("train", total=config.max_steps, completed=start, status="")
+        stages = _Stages(config, rollout, benchmark, backend, run, train_tasks, val_tasks)
+        with TrainDisplay(console, config.max_steps, start, bar=progress) as display:
+            if start == 0 and val_tasks:
+                result.evals.append(await stages.validate(0, display))
             budget_end = time.monotonic() + 60 * config.max_minutes if config.max_minutes else float("inf")
             for step in range(start + 1, config.max_steps + 1):
-                metrics = await _train_step(step, config, rollout, train_tasks, backend, benchmark, run, bar, task_id)
+                metrics = await stages.train_step(step, display)
                 result.history.append(metrics)
                 result.steps_done = step
-                bar.update(task_id, completed=step, status=_status(metrics))
+                display.step_done(step, metrics)
                 last = step == config.max_steps or time.monotonic() > budget_end
                 if config.eval_every and step % config.eval_every == 0 and not last and val_tasks:
-                    result.evals.append(await _validate(rollout, val_tasks, backend, config, benchmark, run, step))
+                    result.evals.append(await stages.validate(step, display))
                 if step % config.save_every == 0 or last:
+                    display.phase(f"step {step}: checkpoint")
                     result.last_checkpoint = save_checkpoint(
                         run.checkpoints_dir, step, backend,
                         {"policy_version": metrics.get("policy_version"), "seed": config.seed},
                         keep=config.keep_checkpoints)
                 if last:
                     break
-        if result.steps_done > start and val_tasks:
-            result.evals.append(await _validate(rollout, val_tasks, backend, config, benchmark, run,
-                                                result.steps_done))
+            if result.steps_done > start and val_tasks:
+                result.evals.append(await stages.validate(result.steps_done, display))
     except TrainingError as exc:
+        run.log("error", result.steps_done + 1, {"error": str(exc)})  # so a monitor can say why the run stopped
         where = result.last_checkpoint or latest_checkpoint(run.checkpoints_dir)
         keep = f"the last good checkpoint is {where}" if where else "no checkpoint was written yet"
         raise TrainingError(f"training stopped at step {result.steps_done + 1}: {exc}. {keep}; resume with "
@@ -178,54 +243,22 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
     return result
 
 
-async def _train_step(step: int, config: TrainConfig, rollout: Rollout, train_tasks: Sequence[Task],
-                      backend: Backend, benchmark: Any, run: RunDir, bar: Progress, task_id: Any) -> dict[str, Any]:
-    timer = PhaseTimer()
-    metrics: dict[str, Any] = {}
-    with timer("step"):
-        bar.update(task_id, status=f"step {step}: rollouts")
-        with timer("rollout"):
-            tasks = sample_tasks(train_tasks, config.batch_size, config.seed, step)
-            episodes = await _rollouts(rollout, tasks, backend, config, benchmark, attempts=config.group_size)
-        metrics.update(episode_metrics(episodes))
-        groups, filter_metrics = filter_groups(group_trajectories(episodes), config.rejection, episodes)
-        metrics.update(filter_metrics)
-        rows, pack_metrics = pack_groups(groups, group_advantages(groups, config.algo),
-                                         max_tokens=config.max_seq_len, overlong=config.overlong)
-        metrics.update(pack_metrics)
-        if not any(r.num_trained_tokens for r in rows):
-            metrics["skipped"] = _skip_reason(episodes, groups, rows)
-            log.warning("step %d skipped: %s", step, metrics["skipped"])
-        else:
-            bar.update(task_id, status=f"step {step}: train on {len(rows)} rows")
-            with timer("train"):
-                metrics.update(backend.train_step(rows))
-            with timer("sync"):
-                metrics["policy_version"] = backend.sync_weights()
-    metrics.update(timer.metrics())
-    metrics["throughput/tokens_per_s"] = metrics.get("pack/tokens", 0.0) / max(metrics["time/step_s"], 1e-9)
-    if config.save_episodes:
-        run.save_episodes(f"step_{step}", episodes)
-    run.log("train", step, metrics)
-    return metrics
-
-
 def _skip_reason(episodes: list[Episode], groups: list[Any], rows: list[Any]) -> str:
     steps = [s for e in episodes for s in e.steps]
     if not steps:
-        return "no LLM calls were recorded (did the agent use config.base_url?)"
+        errors = sum(1 for e in episodes if e.error is not None)
+        why = f"; {errors} of {len(episodes)} episodes errored (see episodes/*.jsonl)" if errors else ""
+        return f"no LLM calls were recorded (did the agent use config.base_url?){why}"
     if not any(s.trainable for s in steps):
-        return "no trainable steps: the calls carry no token ids/logprobs (upstream without return_token_ids?)"
+        errored = sum(1 for s in steps if s.error is not None)
+        no_ids = sum(1 for s in steps if s.error is None and s.token_source == "none")
+        no_lps = len(steps) - errored - no_ids
+        return (f"no trainable steps among {len(steps)} LLM calls: {errored} errored, {no_ids} without token ids "
+                f"(upstream without return_token_ids and no tokenizer to retokenize), {no_lps} without logprobs "
+                "(e.g. retokenized replies; request logprobs from the upstream)")
     if not groups:
         return "rejection sampling dropped every group (all rewards in each group were equal)"
     return f"no row kept a trained token ({len(rows)} rows; over-long rows dropped?)"
-
-
-def _status(metrics: dict[str, Any]) -> str:
-    if "skipped" in metrics:
-        return "[yellow]skipped[/yellow]"
-    return (f"reward {metrics.get('reward/mean', 0):.3f}  acc {metrics.get('reward/accuracy', 0):.2f}  "
-            f"kl {metrics.get('train/approx_kl', 0):.4f}  {metrics.get('time/step_s', 0):.1f}s/step")
 
 
 def train(config: TrainConfig, **kwargs: Any) -> TrainResult:

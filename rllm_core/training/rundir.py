@@ -2,8 +2,8 @@
 
     <output>/
       config.yaml              the full TrainConfig of the run (resume reads it back)
-      metrics.jsonl            one JSON object per line: {"kind": "train"|"eval", "step": N, "time": t, ...}
-      episodes/step_N.jsonl    the episodes of train step N (eval episodes: episodes/eval_step_N.jsonl)
+      metrics.jsonl            one JSON object per line: {"kind": "train"|"eval"|"error", "step": N, "time": t, ...}
+      episodes/step_N.jsonl    the episodes of train step N (eval: eval_step_N.jsonl, eval_greedy_step_N.jsonl)
       checkpoints/step_N/      backend state + state.json (written last; see checkpoints.py)
       checkpoints/latest       the name of the newest complete checkpoint
 """
@@ -38,6 +38,10 @@ class RunDir:
         self.metrics_file = self.path / "metrics.jsonl"
         self.episodes_dir = self.path / "episodes"
         self.checkpoints_dir = self.path / "checkpoints"
+
+    def holds_run(self) -> bool:
+        """True when a run already wrote here (metrics or checkpoints): a fresh run must not mix into it."""
+        return self.metrics_file.exists() or any(self.checkpoints_dir.glob("step_*"))
 
     def create(self) -> RunDir:
         for d in (self.path, self.episodes_dir, self.checkpoints_dir):

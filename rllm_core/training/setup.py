@@ -1,15 +1,19 @@
-"""What a run trains on: the benchmark (tasks + reward) and the rollout function (the agent)."""
+"""What a run trains on: the benchmark (tasks + reward), the rollout function (the agent), and the benchmark's
+recommended settings for the options the user left unset."""
 
 from __future__ import annotations
 
 import importlib
+import logging
 from typing import Any
 
 from rllm_core.errors import ConfigError
 from rllm_core.rollout import Rollout, as_rollout
-from rllm_core.training.config import TrainConfig
+from rllm_core.training.config import TrainConfig, load_config
 
-__all__ = ["load_agent", "resolve_benchmark", "resolve_rollout"]
+__all__ = ["apply_benchmark_defaults", "load_agent", "resolve_benchmark", "resolve_rollout"]
+
+log = logging.getLogger("rllm.train")
 
 
 def resolve_benchmark(config: TrainConfig, benchmark: Any = None) -> Any:
@@ -47,3 +51,19 @@ def resolve_rollout(config: TrainConfig, benchmark: Any) -> Rollout:
     if config.agent:
         return load_agent(config.agent)
     return benchmark.default_rollout()
+
+
+def apply_benchmark_defaults(config: TrainConfig, benchmark: Any) -> tuple[TrainConfig, dict[str, Any]]:
+    """The config with the benchmark's recommendations (`benchmark.train_defaults`, a mapping of TrainConfig
+    names, e.g. a short `max_tokens` for one-number answers) for every option the user did not set; and what
+    was applied. Precedence: TrainConfig defaults < benchmark < config file < flags (a resumed run's saved
+    config sets every option, so it is never changed)."""
+    recommended = getattr(benchmark, "train_defaults", None) or {}
+    unknown = sorted(set(recommended) - set(TrainConfig.model_fields))
+    if unknown:
+        log.warning("benchmark %r recommends unknown training options %s; ignored", config.benchmark, unknown)
+    applied = {k: v for k, v in recommended.items()
+               if k in TrainConfig.model_fields and k not in config.model_fields_set}
+    if not applied:
+        return config, {}
+    return load_config(None, **{**config.model_dump(exclude_unset=True), **applied}), applied

@@ -1,12 +1,14 @@
 """Test doubles for the training loop: a tiny benchmark whose answers a fake upstream can get right or wrong.
 
 `YesNoBenchmark` asks "answer yes" questions and grades "yes" as correct; `alternating_responder` makes the
-fake upstream answer yes, no, yes, no... so every group of even size has mixed rewards (a learning signal).
+fake upstream answer yes, no, yes, no... *per question*, so every group of even size has mixed rewards (a
+learning signal) whatever order the concurrent attempts reach the upstream in.
 """
 
 from __future__ import annotations
 
-import itertools
+import json
+from collections import Counter
 from typing import Any
 
 from rllm_core.benchmarks.base import Benchmark
@@ -39,9 +41,12 @@ class YesNoBenchmark(Benchmark):
 
 
 def alternating_responder() -> Any:
-    counter = itertools.count()
+    """A fake-upstream responder: consecutive calls with the same messages answer yes, no, yes, no..."""
+    calls: Counter[str] = Counter()
 
     def respond(body: dict[str, Any]) -> str:
-        return "yes" if next(counter) % 2 == 0 else "no"
+        key = json.dumps(body.get("messages") or body.get("prompt"), sort_keys=True)
+        calls[key] += 1
+        return "yes" if calls[key] % 2 == 1 else "no"
 
     return respond
