@@ -6,7 +6,8 @@ The graph (planner -> tool-calling agent -> tools -> agent: 3 model calls per ru
 each mode against the deterministic fake upstream, in one process, each run in its own episode with
 in-process capture on in both modes, so the only difference is the adapter: its callbacks, its call log
 and the join at the end of the episode. Modes alternate run by run, so drift on a shared machine hits both
-alike. Goal: <= 5 % added time per call.
+alike, and the headline figure is the median over runs of (run i with - run i without). Goal: <= 5 %
+added time per call.
 """
 
 from __future__ import annotations
@@ -106,6 +107,11 @@ def measure(runs: int, streaming: bool) -> dict[str, Any]:
     for key in ("wall_ms_per_call", "median_wall_ms_per_call", "cpu_ms_per_call"):
         out[f"added_{key}"] = out["with"][key] - out["without"][key]
         out[f"ratio_{key}"] = out["with"][key] / out["without"][key]
+    # The headline: run i with the adapter minus run i without it (back to back), median over i. Pairing
+    # cancels the drift a shared machine adds to both modes; the two medians above do not.
+    paired = [w - wo for (w, _), (wo, _) in zip(results[True], results[False], strict=True)]
+    out["added_paired_ms_per_call"] = 1000 * statistics.median(paired) / CALLS_PER_RUN
+    out["ratio_paired"] = 1 + out["added_paired_ms_per_call"] / out["without"]["median_wall_ms_per_call"]
     return out
 
 
@@ -127,10 +133,12 @@ def main() -> None:
                        ("cpu_ms_per_call", "mean CPU ms")):
         table.add_row(label, f"{res['without'][key]:.2f}", f"{res['with'][key]:.2f}",
                       f"{res['added_' + key]:+.3f}", f"{res['ratio_' + key]:.3f}")
+    table.add_row("paired median wall ms", "", "", f"{res['added_paired_ms_per_call']:+.3f}",
+                  f"{res['ratio_paired']:.3f}")
     Console().print(table)
-    verdict = "within" if res["ratio_median_wall_ms_per_call"] <= 1.05 else "OVER"
-    Console().print(f"median added time per call {res['added_median_wall_ms_per_call']:+.3f} ms, "
-                    f"ratio {res['ratio_median_wall_ms_per_call']:.3f}: {verdict} the 5 % goal")
+    verdict = "within" if res["ratio_paired"] <= 1.05 else "OVER"
+    Console().print(f"added time per call {res['added_paired_ms_per_call']:+.3f} ms (median of back-to-back "
+                    f"pairs), ratio {res['ratio_paired']:.3f}: {verdict} the 5 % goal")
 
 
 if __name__ == "__main__":

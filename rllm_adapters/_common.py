@@ -16,6 +16,7 @@ calls that go through the gateway, so `Step.agent` (and with it the trajectory s
 from __future__ import annotations
 
 import importlib
+import logging
 import threading
 import time
 import uuid
@@ -52,6 +53,9 @@ __all__ = [
     "reset_warnings",
     "warn_once",
 ]
+
+
+log = logging.getLogger("rllm.adapters")
 
 
 class AdapterWarning(UserWarning):
@@ -117,13 +121,19 @@ def lazy_exports(
     plugin manager for every installed adapter) never fails; `from rllm_adapters.x import Name` still
     raises an ImportError naming the extra to install.
     """
+    version_checked = threading.Event()
 
     def __getattr__(name: str) -> Any:
+        # Python calls a module's __getattr__ on every access of a name the module lacks. The imports below
+        # are sys.modules lookups after the first time; the version check reads package metadata from
+        # disk, so it runs once per adapter.
         module = exports.get(name)
         if module is None:
             raise AttributeError(f"module 'rllm_adapters.{adapter}' has no attribute {name!r}")
         require_framework(framework, extra=extra, adapter=adapter, dist=dist)
-        check_version(dist, tested, adapter=adapter)
+        if not version_checked.is_set():
+            version_checked.set()
+            check_version(dist, tested, adapter=adapter)
         return getattr(importlib.import_module(module), name)
 
     return __getattr__
@@ -172,12 +182,16 @@ def open_adhoc_episode(adapter: str) -> EpisodeContext:
     from rllm_core.capture.inprocess import install as install_capture
 
     install_capture()
-    warn_once(
-        f"adhoc:{adapter}",
-        f"rllm_adapters.{adapter}: an LLM call was made outside an @rllm.rollout function; it is recorded "
-        "under an ad-hoc episode (EpisodeContext(adhoc=True)). Run the agent inside @rllm.rollout to get "
-        "Episodes with tasks and rewards.",
-    )
+    try:
+        warn_once(
+            f"adhoc:{adapter}",
+            f"rllm_adapters.{adapter}: an LLM call was made outside an @rllm.rollout function; it is recorded "
+            "under an ad-hoc episode (EpisodeContext(adhoc=True)). Run the agent inside @rllm.rollout to get "
+            "Episodes with tasks and rewards.",
+            stacklevel=4,
+        )
+    except Warning as exc:  # warnings turned into errors (-W error): still never raise inside the user's agent
+        log.warning("%s", exc)
     return EpisodeContext(session_id=f"adhoc-{uuid.uuid4().hex}", adhoc=True)
 
 

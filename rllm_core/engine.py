@@ -25,6 +25,7 @@ from rllm_core.types import Episode, Task
 
 if TYPE_CHECKING:
     from rllm_core.benchmarks.base import Benchmark
+    from rllm_core.gateway.client import GatewayClient
 
 __all__ = ["EngineStats", "episode_token_counts", "run_episodes", "score_episode"]
 
@@ -98,7 +99,7 @@ async def run_episodes(
     *,
     base_url: str | None = None,
     model: str = "default",
-    gateway: Any = None,
+    gateway: GatewayClient | None = None,
     attempts: int = 1,
     concurrency: int = 16,
     sampling: dict[str, Any] | None = None,
@@ -108,11 +109,14 @@ async def run_episodes(
     api_key: str | None = None,
     on_episode: Callable[[Episode], None] | None = None,
     description: str | None = None,
+    tokenizer: Any = None,
 ) -> list[Episode]:
     """Run `rollout` on every task `attempts` times, at most `concurrency` at once; episodes in task order.
 
     A crashing or timed-out episode is returned with its reason (scored `error` / `timeout` when a benchmark
     is given), never raised. `on_episode` is called as each one finishes (e.g. to append it to a file).
+    `gateway` may be a `RemoteGateway` (a gateway in another process); `tokenizer` retokenizes calls to
+    upstreams that return no token ids.
     """
     if attempts < 1 or concurrency < 1:
         raise ConfigError(f"attempts and concurrency must be at least 1 (got {attempts}, {concurrency})")
@@ -131,7 +135,8 @@ async def run_episodes(
         async with sem:
             try:
                 ep = await ro.arun(task, base_url=base_url, model=model, gateway=gateway, api_key=api_key,
-                                   timeout_s=timeout_s, attempt=attempt, sampling=sampling)
+                                   timeout_s=timeout_s, attempt=attempt, sampling=sampling,
+                                   tokenizer=tokenizer)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

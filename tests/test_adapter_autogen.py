@@ -14,11 +14,12 @@ from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import pytest
-from autogen_agentchat.agents import AssistantAgent
+from autogen_agentchat.agents import AssistantAgent, SocietyOfMindAgent
 from autogen_agentchat.conditions import MaxMessageTermination
 from autogen_agentchat.teams import RoundRobinGroupChat, SelectorGroupChat
 from autogen_core import SingleThreadedAgentRuntime
 from autogen_ext.models.openai import OpenAIChatCompletionClient
+from autogen_ext.models.replay import ReplayChatCompletionClient
 from test_adapter_support import (
     assert_wire_exact,
     episode_text,
@@ -106,6 +107,22 @@ async def test_selector_group_chat_names_the_selector(selector_upstream: FakeUps
         assert_wire_exact(selector_upstream, step)
 
 
+async def test_nested_team_in_a_society_of_mind_agent(fake_upstream: FakeUpstream) -> None:
+    @rllm.rollout
+    async def society(task: rllm.Task, config: rllm.RolloutConfig) -> None:
+        members = [AssistantAgent(n, model_client=client(config.base_url)) for n in ("solver", "critic")]
+        inner = RoundRobinGroupChat(members, termination_condition=MaxMessageTermination(3))
+        agent = wrap_team(SocietyOfMindAgent("society", team=inner, model_client=client(config.base_url)))
+        assert set(named_clients(agent)) == {"society", "solver", "critic"}
+        await agent.run(task="think together")
+
+    episode = await society.arun({"id": "som"}, base_url=fake_upstream.base_url)
+    assert episode.termination_reason == "completed", episode.error
+    assert trajectory_shape(episode) == [("solver", 1), ("critic", 1), ("society", 1)]
+    for step in episode.steps:
+        assert_wire_exact(fake_upstream, step)
+
+
 def add_one(x: int) -> int:
     """Add one to x."""
     return x + 1
@@ -146,6 +163,33 @@ async def test_runtime_started_outside_the_episode(fake_upstream: FakeUpstream) 
         await runtime.stop()
     assert plain.steps == []  # without the adapter these calls are lost
     check_round_robin(fake_upstream, wrapped)
+
+
+async def test_team_built_once_is_repointed_per_episode(fake_upstream: FakeUpstream) -> None:
+    """The issue's remedy for the runtime trap: a team built once (for another endpoint, on a runtime started
+    outside any episode) gets each episode's own session URL from `wrap_team(team, base_url=...)`."""
+    runtime = SingleThreadedAgentRuntime()
+    runtime.start()
+    team = round_robin("http://127.0.0.1:9/v1", stream=False, runtime=runtime)  # a dead port
+
+    @rllm.rollout
+    async def reuse(task: rllm.Task, config: rllm.RolloutConfig) -> None:
+        await team.reset()
+        wrap_team(team, base_url=config.base_url)
+        assert {str(c.inner.dump_component().config["base_url"]) for c in named_clients(team).values()} == {
+            config.base_url}
+        await team.run(task=str(task.instruction))
+
+    try:
+        episodes = [await reuse.arun({"id": f"e{i}", "instruction": f"episode {i}"}, base_url=fake_upstream.base_url)
+                    for i in range(2)]
+    finally:
+        await runtime.stop()
+    for i, episode in enumerate(episodes):
+        check_round_robin(fake_upstream, episode)
+        assert f"episode {i}" in episode_text(episode) and f"episode {1 - i}" not in episode_text(episode)
+    with pytest.raises(TypeError, match="only re-points"):
+        wrap_team(AssistantAgent("replay", model_client=ReplayChatCompletionClient(["hi"])), base_url="http://x/v1")
 
 
 async def test_eight_teams_at_once_in_asyncio(fake_upstream: FakeUpstream) -> None:

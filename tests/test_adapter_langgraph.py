@@ -7,11 +7,14 @@ So every episode must hold trajectories [("planner", 1), ("agent", 2)], each ste
 from __future__ import annotations
 
 import asyncio
+import math
 import os
+import pickle
 import subprocess
 import sys
 import warnings
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
@@ -46,7 +49,7 @@ class State(TypedDict):
     messages: Annotated[list[AnyMessage], add_messages]
 
 
-def build_graph(base_url: str, streaming: bool = False) -> Any:
+def build_graph(base_url: str, streaming: bool = False, async_agent: bool | None = None) -> Any:
     llm = ChatOpenAI(model="fake", base_url=base_url, api_key="EMPTY", streaming=streaming, max_retries=0)
     tooled = llm.bind_tools([add_one])
 
@@ -61,7 +64,7 @@ def build_graph(base_url: str, streaming: bool = False) -> Any:
 
     g = StateGraph(State)
     g.add_node("planner", planner)
-    g.add_node("agent", agent if streaming else agent_sync)
+    g.add_node("agent", agent if (streaming if async_agent is None else async_agent) else agent_sync)
     g.add_node("tools", ToolNode([add_one]))
     g.add_edge(START, "planner")
     g.add_edge("planner", "agent")
@@ -77,7 +80,7 @@ def endpoint(config: rllm.RolloutConfig) -> str:
 
 @rllm.rollout
 def sync_graph(task: rllm.Task, config: rllm.RolloutConfig) -> str:
-    graph = build_graph(endpoint(config))
+    graph = build_graph(endpoint(config), streaming=bool(getattr(config, "stream", False)), async_agent=False)
     out = graph.invoke({"messages": [HumanMessage(str(task.instruction))]},
                        config={"callbacks": [RLLMCallbackHandler()]})
     return str(out["messages"][-1].content)
@@ -102,17 +105,19 @@ def check_episode(up: FakeUpstream, episode: rllm.Episode) -> None:
             assert step.agent == traj.name
             assert_wire_exact(up, step)
             assert step.metadata["framework"] == "langchain"
-            assert step.metadata["node"] == traj.name
+            assert step.metadata["node"] == step.metadata["node_path"] == traj.name
             assert step.metadata["run_id"] and step.metadata["parent_run_id"]
     assert episode.trajectory("agent").steps[0].tool_calls  # the tool call went through the graph
 
 
+@pytest.mark.parametrize("stream", [False, True], ids=["invoke", "sync_stream"])
 @pytest.mark.parametrize("direct", [False, True], ids=["gateway", "inprocess"])
-def test_two_node_graph_with_tool(fake_upstream: FakeUpstream, direct: bool) -> None:
+def test_two_node_graph_with_tool(fake_upstream: FakeUpstream, direct: bool, stream: bool) -> None:
     episode = sync_graph.run({"id": "t1", "instruction": "hello graph"}, base_url=fake_upstream.base_url,
-                             direct=direct)
+                             direct=direct, stream=stream)
     check_episode(fake_upstream, episode)
     assert all(r.get("logprobs") and r.get("return_token_ids") for r in fake_upstream.requests)
+    assert all(bool(r.get("stream")) == stream for r in fake_upstream.requests)
 
 
 @pytest.mark.parametrize("direct", [False, True], ids=["gateway", "inprocess"])
@@ -150,6 +155,36 @@ def test_eight_episodes_at_once_in_threads(fake_upstream: FakeUpstream) -> None:
         assert all(f"thread task {j}" not in episode_text(ep) for j in range(8) if j != i)
 
 
+def test_one_shared_graph_eight_episodes_in_threads_and_asyncio(fake_upstream: FakeUpstream) -> None:
+    """The same compiled graph and the same handler, shared by concurrent episodes (by context, not URL)."""
+    graph = wrap_graph(build_graph(fake_upstream.base_url, streaming=True, async_agent=False))
+
+    @rllm.rollout
+    def shared(task: rllm.Task, config: rllm.RolloutConfig) -> str:
+        out = graph.invoke({"messages": [HumanMessage(str(task.instruction))]})
+        return str(out["messages"][-1].content)
+
+    @rllm.rollout
+    async def shared_async(task: rllm.Task, config: rllm.RolloutConfig) -> str:
+        out = await graph.ainvoke({"messages": [HumanMessage(str(task.instruction))]})
+        return str(out["messages"][-1].content)
+
+    async def both() -> list[rllm.Episode]:
+        loop = asyncio.get_running_loop()
+        with ThreadPoolExecutor(4) as pool:
+            threaded = [loop.run_in_executor(pool, lambda i=i: shared.run(
+                {"id": f"s{i}", "instruction": f"shared task {i}"}, base_url=fake_upstream.base_url))
+                for i in range(4)]
+            in_loop = [shared_async.arun({"id": f"s{i}", "instruction": f"shared task {i}"},
+                                         base_url=fake_upstream.base_url) for i in range(4, 8)]
+            return list(await asyncio.gather(*threaded, *in_loop))
+
+    episodes = asyncio.run(both())
+    for i, ep in enumerate(episodes):
+        check_episode(fake_upstream, ep)
+        assert all(f"shared task {j}" not in episode_text(ep) for j in range(8) if j != i)
+
+
 def test_zero_line_install_captures_an_unedited_graph(fake_upstream: FakeUpstream) -> None:
     @rllm.rollout
     def untouched(task: rllm.Task, config: rllm.RolloutConfig) -> str:
@@ -167,8 +202,10 @@ def test_zero_line_install_captures_an_unedited_graph(fake_upstream: FakeUpstrea
         episode = untouched.run({"id": "z"}, base_url=fake_upstream.base_url)
         check_episode(fake_upstream, episode)
         assert install() is handler
+        logged_by_global = len(handler.calls)
         episode = both.run({"id": "z2"}, base_url=fake_upstream.base_url)
         check_episode(fake_upstream, episode)
+        assert episode.artifacts["answer"] == "3" and len(handler.calls) == logged_by_global  # explicit one wins
     finally:
         uninstall()
     episode = untouched.run({"id": "z3"}, base_url=fake_upstream.base_url)
@@ -204,13 +241,45 @@ def test_handler_naming_rules(fake_upstream: FakeUpstream) -> None:
         with rllm.agent_scope("outer"):
             graph.invoke({"messages": [HumanMessage("y")]}, config={"callbacks": [RLLMCallbackHandler()]})
         graph.invoke({"messages": [HumanMessage("z")]}, config={"callbacks": [RLLMCallbackHandler(split_by="none")]})
+        # what langchain's create_agent(name=...) sets: a named agent wins over its graph's node names
+        agent_graph = graph.with_config(metadata={"lc_agent_name": "researcher"})
+        agent_graph.invoke({"messages": [HumanMessage("w")]}, config={"callbacks": [RLLMCallbackHandler()]})
+        agent_graph.invoke({"messages": [HumanMessage("v")]},
+                           config={"callbacks": [RLLMCallbackHandler(split_by="agent")]})
+        graph.invoke({"messages": [HumanMessage("u")]}, config={"callbacks": [RLLMCallbackHandler(split_by="agent")]})
 
     episode = named.run({"id": "n"}, base_url=fake_upstream.base_url)
-    assert trajectory_shape(episode) == [("solver", 3), ("outer", 3), ("named", 3)]
+    assert trajectory_shape(episode) == [("solver", 3), ("outer", 3), ("named", 6), ("researcher", 6)]
+    assert [s.metadata["node"] for s in episode.trajectory("researcher").steps] == ["planner", "agent", "agent"] * 2
+    assert episode.trajectory("researcher").steps[0].metadata["lc_agent_name"] == "researcher"
     with pytest.raises(ValueError, match="split_by"):
         RLLMCallbackHandler(split_by="graph")  # type: ignore[arg-type]
+    copy = pickle.loads(pickle.dumps(RLLMCallbackHandler(agent="solver", split_by="agent")))  # shipped to Ray
+    assert (copy.agent, copy.split_by, copy.enabled, list(copy.calls)) == ("solver", "agent", True, [])
     with pytest.raises(TypeError, match="with_config"):
         wrap_graph(object())
+
+
+def test_subgraph_agents_with_the_same_node_names_stay_apart(fake_upstream: FakeUpstream) -> None:
+    """Multi-agent graphs nest one agent graph per node (each with a model node "agent"): name by node path."""
+
+    @rllm.rollout
+    def team(task: rllm.Task, config: rllm.RolloutConfig) -> None:
+        top = StateGraph(State)
+        top.add_node("researcher", build_graph(config.base_url))
+        top.add_node("writer", build_graph(config.base_url))
+        top.add_edge(START, "researcher")
+        top.add_edge("researcher", "writer")
+        top.compile().invoke({"messages": [HumanMessage("nested")]}, config={"callbacks": [RLLMCallbackHandler()]})
+
+    episode = team.run({"id": "sub"}, base_url=fake_upstream.base_url)
+    # the writer sees the researcher's tool result in the shared messages, so the fake upstream answers at once
+    assert trajectory_shape(episode) == [("researcher/planner", 1), ("researcher/agent", 2),
+                                         ("writer/planner", 1), ("writer/agent", 1)]
+    for traj in episode.trajectories:
+        for step in traj.steps:
+            assert_wire_exact(fake_upstream, step)
+            assert step.metadata["node_path"] == traj.name and traj.name.endswith("/" + step.metadata["node"])
 
 
 @pytest.mark.slow
@@ -223,3 +292,17 @@ def test_env_switch_installs_the_global_handler_when_plugins_load() -> None:
         env = {**os.environ, "RLLM_LANGCHAIN_AUTO": value}
         out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
         assert out.stdout.strip() == expected, out.stderr
+
+
+def test_overhead_benchmark_runs_and_reports_the_ratio() -> None:
+    """`benchmarks/adapter_overhead.py` in miniature: it checks every run's capture and names itself."""
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+    try:
+        import adapter_overhead
+    finally:
+        sys.path.pop(0)
+    res = adapter_overhead.measure(runs=4, streaming=False)
+    assert res["runs"] == 4 and res["calls_per_run"] == 3
+    for key in ("added_paired_ms_per_call", "ratio_paired", "added_cpu_ms_per_call", "ratio_median_wall_ms_per_call"):
+        assert math.isfinite(res[key])
+    assert res["with"]["median_wall_ms_per_call"] > 0 and res["without"]["median_wall_ms_per_call"] > 0

@@ -4,10 +4,14 @@ from __future__ import annotations
 
 import asyncio
 from typing import Any
+from urllib.parse import urlsplit
 
 import openai
+import psutil
 import pytest
 from agents import Agent, Runner, function_tool
+from agents.tracing import get_trace_provider
+from agents.tracing.processors import default_processor
 from test_adapter_support import (
     assert_wire_exact,
     episode_text,
@@ -144,3 +148,38 @@ async def test_agents_sdk_outside_rollout_is_adhoc(fake_upstream: FakeUpstream) 
         assert_wire_exact(fake_upstream, step)
     with pytest.raises(ValueError, match="base_url"):
         run_config()
+
+
+def trace_processors() -> list[Any]:
+    """The SDK's registered trace processors (no public getter: read from its multi-processor)."""
+    return list(get_trace_provider()._multi_processor._processors)  # type: ignore[attr-defined]
+
+
+def test_agents_sdk_install_exports_nothing_unless_asked(fake_upstream: FakeUpstream) -> None:
+    processor = install()
+    try:
+        assert trace_processors() == [processor]  # OpenAI's exporter is gone: nothing calls out offline
+        assert install() is processor and trace_processors() == [processor]  # idempotent, never doubled
+        install(export_traces=True)
+        run_config(base_url=fake_upstream.base_url, model="fake")  # must not undo the user's choice
+        assert trace_processors() == [processor, default_processor()]
+    finally:
+        install()
+    assert trace_processors() == [processor]
+
+
+def test_agents_sdk_episodes_leave_no_connections_open(fake_upstream: FakeUpstream) -> None:
+    """Nobody closes a RunConfig's client: it must hold no idle keep-alive socket once a run is over."""
+    ports: list[int] = []
+
+    @rllm.rollout
+    async def short(task: rllm.Task, config: rllm.RolloutConfig) -> str:
+        ports.append(int(str(urlsplit(config.base_url).port)))
+        result = await Runner.run(Agent(name="a", instructions="Answer."), "hi", run_config=run_config(config))
+        return str(result.final_output)
+
+    for i in range(3):
+        assert short.run({"id": f"c{i}"}, base_url=fake_upstream.base_url).termination_reason == "completed"
+    open_to_gateway = [c for c in psutil.Process().net_connections("tcp")
+                       if c.raddr and c.raddr.port == ports[0] and c.status == psutil.CONN_ESTABLISHED]
+    assert open_to_gateway == []

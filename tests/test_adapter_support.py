@@ -9,16 +9,22 @@ from __future__ import annotations
 import json
 import sys
 import warnings
+from importlib.metadata import version
 
+import pluggy
 import pytest
+from packaging.specifiers import SpecifierSet
+from packaging.version import Version
 
 from rllm_adapters._common import (
     AdapterWarning,
     CallRecord,
     check_version,
     fingerprint,
+    finish_adhoc_episode,
     join_records,
     lazy_exports,
+    open_adhoc_episode,
     require_framework,
     reset_warnings,
 )
@@ -104,6 +110,37 @@ def test_version_outside_tested_range_warns_with_the_range() -> None:
         assert check_version("pluggy", "<0.1", adapter="example") is False  # warned once only
 
 
+def test_adapter_names_warn_once_when_the_framework_is_outside_the_range() -> None:
+    """The path an adapter import takes: the first name resolved checks the version, later ones do not."""
+    getter = lazy_exports({"PluginManager": "pluggy", "HookimplMarker": "pluggy"}, framework="pluggy",
+                          dist="pluggy", tested=">=0.1,<0.2", extra="example", adapter="example")
+    with pytest.warns(AdapterWarning, match=r"pluggy 1\..* outside the range rllm_adapters.example was tested"
+                                            r".*pip install \"pluggy>=0.1,<0.2\""):
+        assert getter("PluginManager") is pluggy.PluginManager
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert getter("HookimplMarker") is not None
+
+
+def test_installed_frameworks_are_inside_the_tested_ranges() -> None:
+    """The ranges the warnings name are the versions CI runs these tests with, not wishes."""
+    for spec in PluginManager().adapters():
+        if spec.name in ADAPTERS:
+            assert spec.tested_versions and Version(version(spec.framework)) in SpecifierSet(spec.tested_versions), (
+                f"{spec.framework} {version(spec.framework)} is not in {spec.name}'s tested range "
+                f"{spec.tested_versions}: update TESTED_VERSIONS in rllm_adapters/{spec.name}/plugin.py")
+
+
+def test_adhoc_episode_never_raises_even_when_warnings_are_errors(caplog: pytest.LogCaptureFixture) -> None:
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # e.g. pytest's filterwarnings = error in the user's project
+        ctx = open_adhoc_episode("example")
+    assert ctx.adhoc and ctx.session_id.startswith("adhoc-")
+    assert "outside an @rllm.rollout" in caplog.text
+    episode = finish_adhoc_episode(ctx, "example")
+    assert episode.id == ctx.session_id and episode.termination_reason == "completed" and episode.steps == []
+
+
 def test_join_prefers_response_id_then_fingerprint_in_order() -> None:
     msgs_a = [{"role": "user", "content": "a"}]
     msgs_b = [{"role": "user", "content": "b"}]
@@ -151,3 +188,8 @@ def test_public_surface_is_pinned() -> None:
         for name in mod.__all__:
             assert getattr(mod, name) is not None
     assert lg.RLLMCallbackHandler is lc.RLLMCallbackHandler
+    import rllm_adapters
+
+    assert rllm_adapters.__all__ == ["AdapterWarning", "CallRecord", "call_log", "check_version", "enter_scopes",
+                                     "finish_adhoc_episode", "open_adhoc_episode", "require_framework"]
+    assert rllm_adapters.AdapterWarning is AdapterWarning

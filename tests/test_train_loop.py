@@ -124,7 +124,7 @@ def test_bad_input_is_reported_clearly(tmp_path: Path, upstream: FakeUpstream) -
     with pytest.raises(ConfigError, match="no reward function"):
         train(_config(tmp_path), backend=RecordingBackend(upstream.base_url), benchmark=YesNoBenchmark(reward=""),
               progress=False)
-    with pytest.raises(ConfigError, match=r"must look like 'my_pkg\.agents:solve'"):
+    with pytest.raises(ConfigError, match=r"must look like 'package\.module:function'"):
         train(_config(tmp_path, agent="nocolon"), backend=RecordingBackend(upstream.base_url),
               benchmark=YesNoBenchmark(), progress=False)
 

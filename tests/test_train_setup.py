@@ -123,7 +123,10 @@ def test_error_record_written_when_training_stops(tmp_path: Path, upstream: Fake
 AGENT = '''
 import httpx
 
+import rllm
 
+
+@rllm.rollout
 def solve(task, config):
     """Asks the model and scores itself: the benchmark has no reward (workflow none)."""
     body = {"model": config.model, "messages": [{"role": "user", "content": task.instruction}], **config.sampling}

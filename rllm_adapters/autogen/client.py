@@ -13,8 +13,8 @@ never keeps token ids, so nothing here reads them from `CreateResult`.
 
 from __future__ import annotations
 
-from collections.abc import AsyncGenerator, Mapping, Sequence
-from contextlib import ExitStack
+from collections.abc import AsyncGenerator, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 from autogen_core import CancellationToken, ComponentModel
@@ -29,8 +29,8 @@ from autogen_core.models import (
 from autogen_core.tools import Tool, ToolSchema
 from pydantic import BaseModel
 
-from rllm_adapters._common import CallRecord, call_log
-from rllm_core.context import EpisodeContext, agent_scope, current_episode, episode_scope
+from rllm_adapters._common import CallRecord, call_log, enter_scopes
+from rllm_core.context import EpisodeContext, current_episode
 
 __all__ = ["EpisodeBinding", "NamedModelClient"]
 
@@ -62,18 +62,22 @@ class NamedModelClient(ChatCompletionClient):
         """Serialise as the wrapped client: a saved team loads back without rllm."""
         return self.inner.dump_component()
 
-    def _scopes(self, stream: bool) -> ExitStack:
-        stack = ExitStack()
+    @contextmanager
+    def _scopes(self, stream: bool) -> Iterator[None]:
+        """The bound episode and this agent's name around one request (and its stream)."""
         ctx = self.binding.resolve()
         if ctx is not None:
-            if current_episode() is not ctx:
-                stack.enter_context(episode_scope(ctx))
             call_log.add(ctx.session_id, CallRecord(
                 framework="autogen", agent=self.agent,
                 metadata={"agent": self.agent, "team": self.team, "stream": stream},
             ))
-        stack.enter_context(agent_scope(self.agent))
-        return stack
+        # enter_scopes' undo tolerates being run in another context: a stream the agent stops reading early
+        # is closed by whoever finalises the generator, not by the task that started it.
+        restore = enter_scopes(agent=self.agent, episode=ctx)
+        try:
+            yield
+        finally:
+            restore()
 
     async def create(self, messages: Sequence[LLMMessage], *, tools: Sequence[Tool | ToolSchema] = [],
                      tool_choice: Tool | Any = "auto", json_output: bool | type[BaseModel] | None = None,

@@ -13,8 +13,10 @@ them; that one access is kept here, checked, and fails with a clear error when A
 from __future__ import annotations
 
 import functools
+import logging
 from collections import deque
-from collections.abc import AsyncGenerator
+from collections.abc import AsyncGenerator, Iterator
+from contextlib import contextmanager
 from typing import Any, TypeVar
 
 from autogen_core.models import ChatCompletionClient
@@ -27,6 +29,8 @@ from rllm_core.types import Episode
 
 __all__ = ["adhoc_episodes", "named_clients", "wrap_team"]
 
+log = logging.getLogger("rllm.adapters.autogen")
+
 check_version("autogen-ext", TESTED_VERSIONS, adapter="autogen")
 
 adhoc_episodes: deque[Episode] = deque(maxlen=256)
@@ -37,6 +41,8 @@ T = TypeVar("T")
 _CLIENT_ATTR = "_model_client"
 _TEAM_ATTR = "_team"
 _MARK = "__rllm_binding__"
+_REPOINTABLE = ".OpenAIChatCompletionClient"
+"""Provider suffix of the clients whose config has a plain `base_url` (Azure's has an endpoint instead)."""
 
 
 def wrap_team(team: T, *, base_url: str | None = None, manager_name: str = "selector") -> T:
@@ -104,12 +110,30 @@ def _wrap_members(team: Any, binding: EpisodeBinding, *, base_url: str | None, m
 def _repoint(client: ChatCompletionClient, base_url: str) -> ChatCompletionClient:
     """A copy of an OpenAI-compatible client sending to `base_url` (through AutoGen's public component API)."""
     model = client.dump_component()
-    if "base_url" not in model.config and "model" not in model.config:
+    if not model.provider.endswith(_REPOINTABLE):
         raise TypeError(
-            f"wrap_team(base_url=...) only re-points OpenAI-compatible clients, not {type(client).__name__}"
+            f"wrap_team(base_url=...) only re-points autogen_ext's OpenAIChatCompletionClient, not "
+            f"{type(client).__name__} ({model.provider}); build that client with the episode's config.base_url "
+            "yourself, or call wrap_team without base_url="
         )
     config = {**model.config, "base_url": base_url}
     return type(client).load_component(model.model_copy(update={"config": config}))
+
+
+@contextmanager
+def _bound(binding: EpisodeBinding) -> Iterator[None]:
+    """Bind the caller's episode (an ad-hoc one outside @rllm.rollout) for the duration of one run."""
+    ctx = current_episode() or open_adhoc_episode("autogen")
+    previous, binding.ctx = binding.ctx, ctx
+    error: BaseException | None = None
+    try:
+        yield
+    except BaseException as exc:
+        error = exc
+        raise
+    finally:
+        binding.ctx = previous
+        _finish_adhoc(ctx, error)
 
 
 def _bind_runs(team: Any, binding: EpisodeBinding) -> None:
@@ -118,18 +142,9 @@ def _bind_runs(team: Any, binding: EpisodeBinding) -> None:
 
     @functools.wraps(orig_stream)
     async def run_stream(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
-        ctx = current_episode() or open_adhoc_episode("autogen")
-        previous, binding.ctx = binding.ctx, ctx
-        error: BaseException | None = None
-        try:
+        with _bound(binding):
             async for item in orig_stream(*args, **kwargs):
                 yield item
-        except BaseException as exc:
-            error = exc
-            raise
-        finally:
-            binding.ctx = previous
-            _finish_adhoc(ctx, error)
 
     team.run_stream = run_stream
     if not hasattr(team, "_participants"):  # an agent: its run() calls on_messages, not run_stream
@@ -137,22 +152,18 @@ def _bind_runs(team: Any, binding: EpisodeBinding) -> None:
 
         @functools.wraps(orig_run)
         async def run(*args: Any, **kwargs: Any) -> Any:
-            ctx = current_episode() or open_adhoc_episode("autogen")
-            previous, binding.ctx = binding.ctx, ctx
-            error: BaseException | None = None
-            try:
+            with _bound(binding):
                 return await orig_run(*args, **kwargs)
-            except BaseException as exc:
-                error = exc
-                raise
-            finally:
-                binding.ctx = previous
-                _finish_adhoc(ctx, error)
 
         team.run = run
     setattr(team, _MARK, binding)
 
 
 def _finish_adhoc(ctx: EpisodeContext, error: BaseException | None) -> None:
-    if ctx.adhoc:
+    """Keep a run made outside @rllm.rollout as an ad-hoc Episode; a failure here never reaches the agent."""
+    if not ctx.adhoc:
+        return
+    try:
         adhoc_episodes.append(finish_adhoc_episode(ctx, "autogen", repr(error) if error else None))
+    except Exception:
+        log.exception("rllm_adapters.autogen: could not build the ad-hoc episode %s", ctx.session_id)

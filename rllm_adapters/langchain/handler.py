@@ -34,13 +34,15 @@ from rllm_adapters._common import (
 from rllm_core.context import EpisodeContext, current_agent, current_episode
 from rllm_core.types import Episode
 
-__all__ = ["RLLMCallbackHandler", "SplitBy"]
+__all__ = ["RLLMCallbackHandler", "SplitBy", "node_path"]
 
 SplitBy = Literal["node", "agent", "none"]
 """How calls are named: by LangGraph node (or named agent), only by named agent, or not at all."""
 
 _ROLES = {"human": "user", "ai": "assistant", "system": "system", "tool": "tool", "function": "function",
-          "developer": "developer", "AIMessageChunk": "assistant", "HumanMessageChunk": "user"}
+          "developer": "developer", "AIMessageChunk": "assistant", "HumanMessageChunk": "user",
+          "SystemMessageChunk": "system", "ToolMessageChunk": "tool", "FunctionMessageChunk": "function"}
+"""LangChain message type -> OpenAI role, as langchain-openai sends it (for the prompt fingerprint)."""
 
 # A run seen by two RLLM handlers (the global one from `install()` plus one passed in config) is handled
 # by the first; the other stays out of it so calls are not logged twice.
@@ -57,6 +59,22 @@ def _claim(run_id: UUID, handler: object) -> bool:
 def _release(run_id: UUID) -> None:
     with _claims_lock:
         _claims.pop(run_id, None)
+
+
+def node_path(metadata: dict[str, Any]) -> str | None:
+    """The graph node that made a call, with the nodes of its enclosing graphs: "researcher/agent".
+
+    `langgraph_node` alone is the innermost node's name, and subgraph agents built the same way (e.g. every
+    `create_react_agent` names its model node "agent") would all share one trajectory. LangGraph's
+    checkpoint namespace ("researcher:<task id>|agent:<task id>") holds the whole path.
+    """
+    ns = metadata.get("langgraph_checkpoint_ns")
+    if isinstance(ns, str) and ns:
+        names = [part.split(":", 1)[0] for part in ns.split("|")]
+        if all(names):
+            return "/".join(names)
+    node = metadata.get("langgraph_node")
+    return str(node) if node else None
 
 
 def _to_openai(message: BaseMessage) -> dict[str, Any]:
@@ -83,8 +101,10 @@ class RLLMCallbackHandler(BaseCallbackHandler):
 
     Args:
         agent: name every call made under this handler with this agent name (overrides everything else).
-        split_by: "node" (default) names calls by `lc_agent_name` or `langgraph_node` metadata; "agent" only
-            by `lc_agent_name`; "none" leaves names to `rllm.agent_scope` or the rollout's name.
+        split_by: "node" (default) names calls by `lc_agent_name`, else by graph node path (`node_path`:
+            "planner" in a flat graph, "researcher/agent" for node "agent" of the subgraph in node
+            "researcher"); "agent" only by `lc_agent_name`; "none" leaves names to `rllm.agent_scope` or the
+            rollout's name.
         max_adhoc_episodes: how many finished ad-hoc episodes to keep in `adhoc_episodes`.
     """
 
@@ -101,10 +121,16 @@ class RLLMCallbackHandler(BaseCallbackHandler):
         """The most recent call records (run ids, node, agent), newest last."""
         self.adhoc_episodes: deque[Episode] = deque(maxlen=max_adhoc_episodes)
         """Episodes built from calls made outside @rllm.rollout, one per top-level LangChain run."""
+        self._max_adhoc = max_adhoc_episodes
         self._open: dict[UUID, _OpenCall] = {}
         self._parents: dict[UUID, UUID | None] = {}
         self._adhoc: dict[UUID, EpisodeContext] = {}
         self._lock = threading.Lock()
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        """Pickle as its settings only: a handler captured in a rollout shipped to another process (Ray,
+        multiprocessing) starts there with no calls in flight; locks and open calls do not travel."""
+        return (type(self), (self.agent, self.split_by, self._max_adhoc))
 
     # Only model calls matter inside an episode; chain events are needed only to group ad-hoc calls by run.
     @property
@@ -139,8 +165,7 @@ class RLLMCallbackHandler(BaseCallbackHandler):
         if named:
             return str(named)
         if self.split_by == "node":
-            node = metadata.get("langgraph_node")
-            return str(node) if node else None
+            return node_path(metadata)
         return None
 
     # ------------------------------------------------------------------------------------- model calls
@@ -174,6 +199,7 @@ class RLLMCallbackHandler(BaseCallbackHandler):
                                 "parent_run_id": str(parent_run_id) if parent_run_id else None}
         if "langgraph_node" in meta:
             info["node"] = meta["langgraph_node"]
+            info["node_path"] = node_path(meta)
             info["langgraph_step"] = meta.get("langgraph_step")
         if meta.get("lc_agent_name"):
             info["lc_agent_name"] = meta["lc_agent_name"]

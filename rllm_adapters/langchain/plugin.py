@@ -15,7 +15,7 @@ from rllm_core.plugins import AdapterSpec
 
 __all__ = ["AUTO_ENV", "TESTED_VERSIONS", "rllm_on_episode_end", "rllm_register_adapters"]
 
-TESTED_VERSIONS = ">=0.3,<2"
+TESTED_VERSIONS = ">=1.0,<2"
 """langchain-core versions the adapter was tested with."""
 AUTO_ENV = "RLLM_LANGCHAIN_AUTO"
 

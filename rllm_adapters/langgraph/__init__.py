@@ -1,11 +1,12 @@
-"""LangGraph adapter: the LangChain callback handler, which names calls by graph node (`langgraph_node`).
+"""LangGraph adapter: the LangChain callback handler, which names calls by graph node path.
 
     from rllm_adapters.langgraph import RLLMCallbackHandler
     graph.invoke(inputs, config={"callbacks": [RLLMCallbackHandler()]})   # inside an @rllm.rollout function
 
     graph = rllm_adapters.langgraph.wrap_graph(graph)                    # same, bound once to the graph
 
-Each node (or named agent, `lc_agent_name`) becomes its own Trajectory. Needs `pip install "rllm[langgraph]"`.
+Each node ("planner", or "researcher/agent" inside a subgraph) or named agent (`lc_agent_name`) becomes its
+own Trajectory. Needs `pip install "rllm[langgraph]"`.
 """
 
 from __future__ import annotations

@@ -7,7 +7,7 @@ from rllm_core.plugins import AdapterSpec
 
 __all__ = ["TESTED_VERSIONS", "rllm_register_adapters"]
 
-TESTED_VERSIONS = ">=0.3,<2"
+TESTED_VERSIONS = ">=1.0,<2"
 """langgraph versions the adapter was tested with."""
 
 

@@ -10,7 +10,7 @@ from rllm_core.plugins import AdapterSpec
 
 __all__ = ["TESTED_VERSIONS", "rllm_on_episode_end", "rllm_register_adapters"]
 
-TESTED_VERSIONS = ">=0.3,<0.30"
+TESTED_VERSIONS = ">=0.24,<0.25"
 """openai-agents versions the adapter was tested with."""
 
 

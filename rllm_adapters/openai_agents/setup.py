@@ -11,13 +11,16 @@
 
 from __future__ import annotations
 
+import sys
 import threading
 from typing import Any
 
+import openai
 from agents import set_default_openai_api
 from agents.models.openai_provider import OpenAIProvider
 from agents.run_config import RunConfig
-from agents.tracing import add_trace_processor, set_trace_processors, set_tracing_disabled
+from agents.tracing import set_trace_processors, set_tracing_disabled
+from agents.tracing.processors import default_processor
 from openai import AsyncOpenAI
 
 from rllm_adapters.openai_agents.tracing import RLLMTracingProcessor
@@ -31,22 +34,45 @@ _processor: RLLMTracingProcessor | None = None
 def install(*, export_traces: bool = False) -> RLLMTracingProcessor:
     """Switch the Agents SDK to chat completions and to rllm's trace processor; idempotent.
 
-    Returns the process-wide processor (its `adhoc_episodes` hold runs made outside @rllm.rollout).
+    The SDK's processors become exactly `[RLLMTracingProcessor]`, or with `export_traces=True`
+    `[RLLMTracingProcessor, the SDK's default exporting processor]`; the last call decides. Returns the
+    process-wide processor (its `adhoc_episodes` hold runs made outside @rllm.rollout).
     """
     global _processor
     with _lock:
         set_default_openai_api("chat_completions")
         if _processor is None:
             _processor = RLLMTracingProcessor()
-        if export_traces:
-            add_trace_processor(_processor)
-        else:
-            set_trace_processors([_processor])
+        # set, never add: installing twice must not register the processor twice (each agent span
+        # would then be entered twice and the agent name never undone).
+        set_trace_processors([_processor, default_processor()] if export_traces else [_processor])
         set_tracing_disabled(False)
         return _processor
 
 
+def _ensure_installed() -> None:
+    """`install()` once; later calls keep whatever the user chose (e.g. `install(export_traces=True)`)."""
+    if _processor is None:
+        install()
+
+
+def _unpooled_http_client() -> Any:
+    """The SDK's default HTTP client class, keeping no idle connections.
+
+    Nobody closes a RunConfig's client (the SDK gives no end-of-run hook), so a pooled keep-alive connection
+    per episode would stay open until the garbage collector finds it: thousands of sockets in a long run.
+    Without keep-alive each call opens its own loopback connection (a fraction of a millisecond) and closes it.
+    """
+    base = openai.DefaultAsyncHttpxClient
+    lib = next((sys.modules.get(c.__module__.split(".")[0]) for c in base.__mro__
+                if c.__module__.split(".")[0] in ("httpx", "httpx2")), None)
+    if lib is None:
+        return None  # an openai version with another transport: its own default client
+    return base(limits=lib.Limits(max_connections=100, max_keepalive_connections=0))
+
+
 def installed_processor() -> RLLMTracingProcessor | None:
+    """The processor `install()` set up, or None before the first `install()` / `run_config()`."""
     return _processor
 
 
@@ -60,12 +86,12 @@ def run_config(config: Any = None, *, base_url: str | None = None, model: str | 
     shares one process-wide client, bound to the first event loop, so the next `asyncio.run` (a new
     episode, another thread) fails with "Event loop is closed". Extra keyword arguments go to `RunConfig`.
     """
-    install()
+    _ensure_installed()
     base_url = base_url or getattr(config, "base_url", None)
     if base_url is None:
         raise ValueError("run_config needs the rollout's config (run_config(config)) or base_url=")
     model = model or getattr(config, "model", None)
     api_key = api_key or getattr(config, "api_key", None) or "EMPTY"
-    client = AsyncOpenAI(base_url=base_url, api_key=api_key)
+    client = AsyncOpenAI(base_url=base_url, api_key=api_key, http_client=_unpooled_http_client())
     provider = OpenAIProvider(openai_client=client, use_responses=False)
     return RunConfig(model=model, model_provider=provider, **kwargs)

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import hashlib
 import random
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any, ClassVar
 
 from rllm_core.benchmarks.base import Benchmark
 from rllm_core.rewards.math import grade_math
@@ -54,6 +56,11 @@ class Arithmetic(Benchmark):
     reward = "exact_number"
     splits = ("train", "test")
     source = "built-in generator"
+    # Measured on this CPU with SmolLM2-135M: these settings took held-out sampled accuracy on single-digit
+    # addition from 12.5 % to 96.6 % in 14 minutes (benchmarks/learning_curve.py). Answers are a few digits.
+    train_defaults: ClassVar[Mapping[str, Any]] = {
+        "max_tokens": 12, "lr": 5e-6, "bf16": True, "eval_every": 10, "eval_greedy": True,
+    }
 
     def __init__(self, level: Level) -> None:
         self.level = level

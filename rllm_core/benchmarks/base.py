@@ -9,7 +9,8 @@ tells "the model was cut off" from "the model was wrong".
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
 from rllm_core.errors import BenchmarkError
 from rllm_core.rewards.types import RewardResult
@@ -43,6 +44,9 @@ class Benchmark(ABC):
     splits: tuple[str, ...] = ("test",)
     source: str = ""
     """Where the rows come from (a file layout, a Hub dataset id, a package)."""
+    train_defaults: ClassVar[Mapping[str, Any]] = {}
+    """Recommended `rllm train` options for this task (e.g. a short max_tokens for one-number answers); they
+    fill only the options the user left unset."""
 
     @property
     def offline(self) -> bool:

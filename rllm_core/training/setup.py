@@ -3,12 +3,12 @@ recommended settings for the options the user left unset."""
 
 from __future__ import annotations
 
-import importlib
 import logging
 from typing import Any
 
 from rllm_core.errors import ConfigError
-from rllm_core.rollout import Rollout, as_rollout
+from rllm_core.eval.agent import load_agent
+from rllm_core.rollout import Rollout
 from rllm_core.training.config import TrainConfig, load_config
 
 __all__ = ["apply_benchmark_defaults", "load_agent", "resolve_benchmark", "resolve_rollout"]
@@ -28,22 +28,6 @@ def resolve_benchmark(config: TrainConfig, benchmark: Any = None) -> Any:
                           "from: pick a benchmark with a reward (`rllm bench list`), or pass --agent with "
                           "--workflow none and set episode.reward in your agent")
     return bench
-
-
-def load_agent(spec: str) -> Rollout:
-    """'module:function' → Rollout."""
-    module_name, sep, attr = spec.partition(":")
-    if not sep or not module_name or not attr:
-        raise ConfigError(f"--agent {spec!r} must look like 'my_pkg.agents:solve' (module, colon, function)")
-    try:
-        module = importlib.import_module(module_name)
-    except ImportError as exc:
-        raise ConfigError(f"--agent {spec!r}: cannot import {module_name!r} ({exc}); is it on PYTHONPATH?") from None
-    try:
-        obj = getattr(module, attr)
-    except AttributeError:
-        raise ConfigError(f"--agent {spec!r}: module {module_name!r} has no attribute {attr!r}") from None
-    return as_rollout(obj)
 
 
 def resolve_rollout(config: TrainConfig, benchmark: Any) -> Rollout:
