@@ -69,8 +69,12 @@ def test_cache_is_written_atomically_and_reused(tmp_path: Path, monkeypatch: pyt
 def test_embedded_smollm2_loads_and_answers_a_chat_request() -> None:
     """The real default model: converted once into the cache (~20 s), then loaded from safetensors."""
     torch.set_num_threads(1)
+    load_model("smollm2-135m")  # converts on the first run; later loads read the safetensors cache
+    start = time.perf_counter()
     loaded = load_model("smollm2-135m")
+    assert time.perf_counter() - start < 3.0  # ~0.5 s here; slack for a shared CPU (the GGUF route takes ~20 s)
     assert loaded.model.config.hidden_size == 576 and loaded.context_length == 8192
+    assert "quantization_config" not in loaded.model.config.to_dict()
     with start_policy_server(loaded) as server:
         r = httpx.post(server.base_url + "/chat/completions", timeout=60, json={
             "model": "smollm2-135m", "messages": [{"role": "user", "content": "What is the capital of France?"}],
@@ -79,3 +83,29 @@ def test_embedded_smollm2_loads_and_answers_a_chat_request() -> None:
     answer = r.json()["choices"][0]
     assert "Paris" in answer["message"]["content"]
     assert len(answer["token_ids"]) == len(answer["logprobs"]["content"]) <= 12
+
+
+def test_model_dir_writes_tiny_random_once_and_load_model_reads_the_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Built-in names become plain directories (what vLLM loads); a local directory loads like the built-in."""
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "smollm2-135m-tokenizer").symlink_to(models_mod._tokenizer_cache())  # skip reconverting
+    monkeypatch.setenv("RLLM_HOME", str(tmp_path))
+    path = models_mod.model_dir("tiny-random")
+    assert path == str(tmp_path / "models" / "tiny-random")
+    assert (Path(path) / "config.json").exists() and (Path(path) / "tokenizer_config.json").exists()
+    assert models_mod.model_dir("tiny-random") == path  # reused, not rewritten
+    assert models_mod.model_dir("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"
+    from_dir, builtin = load_model(path), load_model("tiny-random")
+    assert from_dir.name == path and from_dir.eos_token_ids == builtin.eos_token_ids
+    for (ka, va), (kb, vb) in zip(from_dir.model.state_dict().items(), builtin.model.state_dict().items(),
+                                  strict=True):
+        assert ka == kb and torch.equal(va, vb)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the error on a machine without CUDA")
+def test_an_unusable_device_is_a_config_error() -> None:
+    with pytest.raises(ConfigError, match="--device cpu"):
+        load_model("tiny-random", device="cuda:0")
+    with pytest.raises(ConfigError, match="'gpu'"):
+        load_model("tiny-random", device="gpu")

@@ -39,6 +39,17 @@ FAKE_VLLM = textwrap.dedent('''
             self.end_headers()
             self.wfile.write(data)
 
+        def do_POST(self):  # vLLM's runtime LoRA endpoint: needs --enable-lora and the env switch
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            import os
+            ok = self.path == "/v1/load_lora_adapter" and "--enable-lora" in args and \
+                os.environ.get("VLLM_ALLOW_RUNTIME_LORA_UPDATING") == "True" and not body["lora_path"].endswith("bad")
+            self.send_response(200 if ok else 400)
+            data = f"loaded {body['lora_name']} from {body['lora_path']}".encode()
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
         def log_message(self, *a):
             pass
 
@@ -109,7 +120,7 @@ def test_rllm_serve_tiny_random_prints_its_url_and_serves() -> None:
         r = httpx.post(base_url + "/completions", json={"prompt": "hi", "max_tokens": 3}, timeout=30)
         assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] <= 3
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)  # what process managers (and Ray) send; Ctrl-C takes the same path
         try:
             _, err = proc.communicate(timeout=20)
         except subprocess.TimeoutExpired:
@@ -117,3 +128,67 @@ def test_rllm_serve_tiny_random_prints_its_url_and_serves() -> None:
             _, err = proc.communicate()
     assert proc.returncode == 0, err
     assert "rllm gateway --upstream" in err
+
+
+def test_vllm_serves_the_built_in_names_from_their_converted_directories(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rllm_backends.local_torch.serving import models
+
+    (tmp_path / "models").mkdir()
+    (tmp_path / "models" / "smollm2-135m-tokenizer").symlink_to(models._tokenizer_cache())
+    monkeypatch.setenv("RLLM_HOME", str(tmp_path))
+    srv = VLLMServer("tiny-random", host="0.0.0.0", executable=["vllm", "serve"])
+    assert srv.command[2] == str(tmp_path / "models" / "tiny-random")
+    flags = dict(zip(srv.command[3::2], srv.command[4::2], strict=False))
+    assert flags["--served-model-name"] == "tiny-random" and flags["--host"] == "0.0.0.0"
+    assert srv.base_url == f"http://127.0.0.1:{srv.port}/v1"  # a loopback URL: the gateway injects token ids
+
+
+def test_lora_adapters_hot_load_without_a_restart(tmp_path: Path) -> None:
+    script = tmp_path / "fake_vllm.py"
+    script.write_text(FAKE_VLLM)
+    adapter = tmp_path / "adapter-1"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    exe = [sys.executable, str(script)]
+    with VLLMServer("base", executable=exe, startup_timeout_s=30, lora=True).start() as srv:
+        assert "--enable-lora" in srv.command
+        pid = srv._proc.pid if srv._proc else None
+        assert srv.load_lora_adapter(adapter) == 1 == srv.policy_version and srv.adapter_name == "base-v1"
+        assert srv.load_lora_adapter(adapter, name="step-2") == 2 and srv.adapter_name == "step-2"
+        assert srv._proc is not None and srv._proc.pid == pid  # same process: no restart
+        with pytest.raises(ConfigError, match=r"adapter_config\.json"):
+            srv.load_lora_adapter(tmp_path)
+    with pytest.raises(ConfigError, match="lora=True"):  # refused before any request: nothing to start
+        VLLMServer("base", executable=exe).load_lora_adapter(adapter)
+
+
+def test_vllm_refusing_an_adapter_is_an_upstream_error(tmp_path: Path) -> None:
+    script = tmp_path / "fake_vllm.py"
+    script.write_text(FAKE_VLLM)
+    adapter = tmp_path / "bad"  # the fake vLLM refuses adapters whose path ends in "bad"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    with VLLMServer("base", executable=[sys.executable, str(script)], startup_timeout_s=30, lora=True).start() as srv:
+        with pytest.raises(UpstreamError, match="HTTP 400"):
+            srv.load_lora_adapter(adapter)
+        assert srv.policy_version == 0 and srv.adapter_name is None
+
+
+def test_policy_server_bound_to_all_interfaces_reports_a_loopback_url() -> None:
+    from rllm_backends.local_torch.serving import load_model, start_policy_server
+
+    with start_policy_server(load_model("tiny-random"), host="0.0.0.0") as srv:
+        assert srv.url.startswith("http://127.0.0.1:")
+        assert httpx.get(srv.url + "/health", timeout=10).json()["status"] == "ok"
+        up = srv.upstream_config()
+        assert up.url == srv.base_url and up.inject is True
+
+
+def test_importing_the_server_sets_a_passive_omp_wait_policy_before_torch() -> None:
+    code = ("import os, sys; os.environ.pop('OMP_WAIT_POLICY', None); "
+            "import rllm_backends.local_torch.serving as s; "
+            "print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
+    assert out.stdout.split() == ["PASSIVE", "False"], out.stderr

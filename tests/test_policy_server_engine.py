@@ -87,3 +87,44 @@ def test_stop_token_ids_and_eos(engine: DecodeEngine) -> None:
                                                              stop_token_ids=(first,)), sink2))
     assert done2.wait(30)
     assert [e.token_id for e in events2] == [first] and events2[0].finish_reason == "stop"
+
+
+def test_a_request_that_fails_to_join_fails_alone(engine: DecodeEngine) -> None:
+    """A prefill error (here: a token id past the embedding table) ends that request only, at once."""
+    events, done, sink = collect()
+    bad_events, bad_done, bad_sink = collect(n=2)
+    engine.submit(GenerationRequest([4, 5, 6], SamplingParams(max_tokens=40, ignore_eos=True, temperature=0), sink))
+    deadline = time.monotonic() + 10
+    while not events and time.monotonic() < deadline:
+        time.sleep(0.002)
+    engine.submit(GenerationRequest([1, 10**7], SamplingParams(max_tokens=5), bad_sink, n=2))
+    assert bad_done.wait(30) and done.wait(30)
+    assert [(e.choice, e.finish_reason) for e in bad_events] == [(0, "error"), (1, "error")]
+    assert all(e.error and "IndexError" in e.error for e in bad_events)
+    assert [e.finish_reason for e in events if e.finish_reason] == ["length"]
+    assert sum(e.token_id is not None for e in events) == 40
+
+
+def test_a_failing_loop_turn_answers_its_admitted_requests_and_the_engine_goes_on() -> None:
+    """If a turn of the loop fails before an admitted request joins, its client still gets an error, not a hang."""
+    eng = DecodeEngine(load_model("tiny-random"), threads=1)
+    real, calls = eng._drop_cancelled, []
+
+    def flaky() -> None:
+        calls.append(1)
+        if len(calls) == 1:
+            raise RuntimeError("injected failure")
+        real()
+
+    eng._drop_cancelled = flaky  # type: ignore[method-assign]
+    eng.start()
+    try:
+        events, done, sink = collect()
+        eng.submit(GenerationRequest([1, 2, 3], SamplingParams(max_tokens=3), sink))
+        assert done.wait(30)
+        assert [(e.finish_reason, e.error) for e in events] == [("error", "RuntimeError: injected failure")]
+        events2, done2, sink2 = collect()
+        eng.submit(GenerationRequest([1, 2, 3], SamplingParams(max_tokens=3, ignore_eos=True), sink2))
+        assert done2.wait(30) and [e.finish_reason for e in events2 if e.finish_reason] == ["length"]
+    finally:
+        eng.stop()

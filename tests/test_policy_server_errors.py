@@ -165,3 +165,33 @@ def test_a_disconnect_does_not_disturb_its_batch_neighbours(server: RunningPolic
     ref = lp[torch.arange(120), torch.tensor(ch["token_ids"])]
     got = torch.tensor([c["logprob"] for c in ch["logprobs"]["content"]])
     assert float((got - ref).abs().max()) <= 1e-4
+
+
+def test_seeds_across_the_int64_range_work_and_larger_ones_are_400(client: httpx.Client) -> None:
+    """A seed at the int64 edges (plus the choice index) must not overflow the generator and hang the client."""
+    for seed in (2**63 - 1, -(2**63), -1):
+        body = {"messages": MSG, "max_tokens": 3, "n": 2, "seed": seed, "return_token_ids": True}
+        a, b = (client.post("/chat/completions", json=body) for _ in range(2))
+        assert a.status_code == b.status_code == 200, a.text
+        assert [c["token_ids"] for c in a.json()["choices"]] == [c["token_ids"] for c in b.json()["choices"]]
+    msg = error_of(client.post("/chat/completions", json={"messages": MSG, "seed": 2**64}), 400)
+    assert "seed" in msg and str(2**64) in msg
+
+
+def test_null_fields_mean_the_default(client: httpx.Client) -> None:
+    body = {"messages": MSG, "max_tokens": 2, "n": None, "stream": None, "temperature": None, "top_p": None,
+            "stop": None, "seed": None, "logprobs": None, "return_token_ids": None, "stream_options": None}
+    out = client.post("/chat/completions", json=body)
+    assert out.status_code == 200, out.text
+    assert len(out.json()["choices"]) == 1 and out.json()["choices"][0]["logprobs"] is None
+
+
+def test_a_vanishingly_small_temperature_is_greedy_with_finite_logprobs(client: httpx.Client) -> None:
+    """logits / 1e-40 overflows fp32; like vLLM, T < 1e-5 decodes greedily and reports logprobs at T = 1."""
+    body = {"messages": MSG, "max_tokens": 4, "logprobs": True, "return_token_ids": True}
+    tiny = client.post("/chat/completions", json={**body, "temperature": 1e-40})
+    assert tiny.status_code == 200 and "NaN" not in tiny.text
+    greedy = client.post("/chat/completions", json={**body, "temperature": 0}).json()["choices"][0]
+    ch = tiny.json()["choices"][0]
+    assert ch["token_ids"] == greedy["token_ids"]
+    assert [c["logprob"] for c in ch["logprobs"]["content"]] == [c["logprob"] for c in greedy["logprobs"]["content"]]

@@ -18,7 +18,6 @@ from rllm_core.rewards.types import RewardResult
 __all__ = ["grade_math", "math_equal"]
 
 log = logging.getLogger("rllm.rewards.math")
-# math-verify warns once that its SIGALRM timeout is off; ours (call_with_time_limit) replaces it.
 # We enforce our own wall-clock limit (math-verify's SIGALRM one only works in the main thread), so its
 # "timeout is disabled" warnings are noise to the user.
 for _name in ("math_verify.utils", "math_verify.parser", "math_verify.grader"):

@@ -138,14 +138,18 @@ class DecodeEngine:
                 self._iterate(admitted)
             except Exception as exc:  # never let one bad step kill the thread every request waits on
                 log.exception("decode loop failed; failing the running sequences")
+                error = f"{type(exc).__name__}: {exc}"
+                joined = {id(seq.request) for seq in self._rows}
                 for seq in self._rows:
-                    seq.end("error", f"{type(exc).__name__}: {exc}")
+                    seq.end("error", error)
+                for req in admitted:  # taken from the queue but maybe never reached: their clients must not hang
+                    if id(req) not in joined:
+                        self._end_request(req, "error", error)
                 self._reset_batch()
         for seq in self._rows:
             seq.end("abort", "the policy server stopped")
         for req in self._waiting:
-            for i in range(req.n):
-                Sequence(req, i, self.policy_version, None, self._eos, self._ctx).end("abort", "server stopped")
+            self._end_request(req, "abort", "the policy server stopped")
         for upd in self._updates:
             upd.error = RuntimeError("the policy server stopped before the weights were swapped")
             upd.done.set()
@@ -217,29 +221,37 @@ class DecodeEngine:
         seqs = []
         for i in range(req.n):
             gen = torch.Generator(device=self.device)
-            gen.manual_seed(req.params.seed + i if req.params.seed is not None else random.getrandbits(63))
+            # any int64 seed + choice index, folded into the generator's uint64 range
+            gen.manual_seed((req.params.seed + i) % 2**64 if req.params.seed is not None else random.getrandbits(63))
             seqs.append(Sequence(req, i, self.policy_version, self.loaded.tokenizer, self._eos, self._ctx, gen))
         return seqs
 
+    def _end_request(self, req: GenerationRequest, reason: str, error: str) -> None:
+        """End every choice of a request that is not in the batch (failed to join, or the server stops)."""
+        for i in range(req.n):
+            Sequence(req, i, self.policy_version, None, self._eos, self._ctx).end(reason, error)
+
     @torch.inference_mode()
     def _admit(self, req: GenerationRequest) -> None:
-        """Prefill one request alone, sample each choice's first token, and join the running batch."""
-        seqs = self._new_sequences(req)
+        """Prefill one request alone, sample each choice's first token, and join the running batch.
+
+        A failure here (bad prompt ids, out of memory, ...) fails this request only: its client gets an error
+        at once and the running rows keep decoding.
+        """
         try:
+            seqs = self._new_sequences(req)
             ids_1P = torch.tensor([req.prompt_ids], dtype=torch.long, device=self.device)
             cache = DynamicCache()
             out = self._forward(input_ids=ids_1P, cache=cache, logits_to_keep=1)
             logits_V = out.logits[0, -1]
             if req.n > 1:
                 cache.batch_repeat_interleave(req.n)
+            next_n = self._sample(seqs, logits_V[None].expand(req.n, -1))
         except Exception as exc:
-            log.exception("prefill failed")
-            for s in seqs:
-                s.end("error", f"{type(exc).__name__}: {exc}")
+            log.exception("prefill failed; failing request %s only", req.request_id or "(unnamed)")
+            self._end_request(req, "error", f"{type(exc).__name__}: {exc}")
             return
         prompt_len = len(req.prompt_ids)
-        logits_nV = logits_V[None].expand(req.n, -1)
-        next_n = self._sample(seqs, logits_nV)
         live = [i for i, s in enumerate(seqs) if s.finish_reason is None]
         if not live:
             return

@@ -26,7 +26,7 @@ import torch
 
 from rllm_core.errors import ConfigError
 
-__all__ = ["BUILTIN_MODELS", "EMBEDDED_GGUF", "LoadedModel", "load_model", "load_tokenizer", "rllm_home"]
+__all__ = ["BUILTIN_MODELS", "EMBEDDED_GGUF", "LoadedModel", "load_model", "load_tokenizer", "model_dir", "rllm_home"]
 
 log = logging.getLogger("rllm.serving.models")
 
@@ -165,6 +165,33 @@ def _tiny_random(dtype: torch.dtype) -> Any:
     return model.to(dtype), tok
 
 
+def _tiny_random_cache() -> Path:
+    """tiny-random as an ordinary model directory (for servers that load from disk, e.g. vLLM)."""
+    target = rllm_home() / "models" / "tiny-random"
+    if (target / "config.json").exists():
+        return target
+    model, tok = _tiny_random(torch.float32)
+
+    def write(tmp: Path) -> None:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tok.save_pretrained(tmp)
+
+    return _write_atomically(target, write)
+
+
+def model_dir(name_or_path: str) -> str:
+    """What an out-of-process server (vLLM) should load for `name_or_path`.
+
+    The built-in names become their converted directories under ``$RLLM_HOME/models`` (written once);
+    anything else (a directory or a Hugging Face id) is passed through unchanged.
+    """
+    if name_or_path == "smollm2-135m":
+        return str(_smollm2_cache())
+    if name_or_path == "tiny-random":
+        return str(_tiny_random_cache())
+    return os.path.expanduser(name_or_path)
+
+
 def load_model(name_or_path: str = "smollm2-135m", dtype: torch.dtype = torch.float32,
                device: str = "cpu") -> LoadedModel:
     """Load a causal LM and its tokenizer, in eval mode on `device`.
@@ -192,6 +219,10 @@ def load_model(name_or_path: str = "smollm2-135m", dtype: torch.dtype = torch.fl
             ) from None
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
-    model.to(device)
+    try:
+        model.to(device)
+    except (RuntimeError, AssertionError, ValueError) as exc:  # no CUDA build, no such device, bad name
+        raise ConfigError(f"cannot place {name_or_path!r} on device {device!r}: {exc}. Use --device cpu, or "
+                          "cuda:N on a machine whose torch build sees that GPU") from None
     model.eval()
     return LoadedModel(model=model, tokenizer=tok, name=name_or_path)

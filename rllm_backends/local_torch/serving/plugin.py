@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import signal
 import threading
 from enum import StrEnum
 from typing import TYPE_CHECKING
@@ -37,9 +38,12 @@ def serve_command(
     port: int = typer.Option(0, "--port", help="Port to listen on (0 = a free one, printed)."),
     engine: Engine = typer.Option(Engine.torch, "--engine", help="torch: in-process; vllm: launch `vllm serve`."),
     threads: int | None = typer.Option(None, "--threads", min=1, help="torch intra-op threads (default: torch's)."),
-    max_batch_size: int = typer.Option(32, "--max-batch-size", min=1, help="Most sequences decoded together."),
-    dtype: DType = typer.Option(DType.float32, "--dtype", help="Weights dtype for the torch engine."),
-    device: str = typer.Option("cpu", "--device", help="torch device, e.g. cpu or cuda:0."),
+    max_batch_size: int | None = typer.Option(None, "--max-batch-size", min=1,
+                                              help="Most sequences decoded together (torch default 32; vLLM's "
+                                                   "--max-num-seqs)."),
+    dtype: DType | None = typer.Option(None, "--dtype", help="Weights dtype (torch default float32; vLLM's own "
+                                                            "default otherwise)."),
+    device: str = typer.Option("cpu", "--device", help="torch device, e.g. cpu or cuda:0 (torch engine)."),
     vllm_arg: list[str] = typer.Option([], "--vllm-arg", help="Extra argument passed to `vllm serve` (repeatable)."),
 ) -> None:
     """Serve a model OpenAI-compatibly with token ids and logprobs, for rollouts and training."""
@@ -56,19 +60,35 @@ def serve_command(
                   f"{gateway_hint(handle.base_url)}")
     typer.echo(handle.base_url)
     try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        pass
+        _wait_for_signal()
     finally:
         handle.stop()
 
 
-def _start(model: str, host: str, port: int, engine: Engine, threads: int | None, max_batch_size: int,
-           dtype: DType, device: str, vllm_args: list[str], console: Console) -> RunningPolicyServer | VLLMServer:
+def _wait_for_signal() -> None:
+    """Block until Ctrl-C or SIGTERM (what process managers and Ray send), so both stop the server cleanly.
+
+    Handlers are installed explicitly because a shell's background job starts with SIGINT ignored.
+    """
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        while not stop.wait(0.5):
+            pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def _start(model: str, host: str, port: int, engine: Engine, threads: int | None, max_batch_size: int | None,
+           dtype: DType | None, device: str, vllm_args: list[str], console: Console
+           ) -> RunningPolicyServer | VLLMServer:
     if engine is Engine.vllm:
         from rllm_backends.local_torch.serving.vllm import VLLMServer
 
-        server = VLLMServer(model, host, port, extra_args=vllm_args)
+        extra = [*(["--dtype", dtype.value] if dtype else []),
+                 *(["--max-num-seqs", str(max_batch_size)] if max_batch_size else []), *vllm_args]
+        server = VLLMServer(model, host, port, served_model_name=model, extra_args=extra)
         console.print(f"starting: {' '.join(server.command)}")
         return server.start()
     import torch
@@ -76,8 +96,8 @@ def _start(model: str, host: str, port: int, engine: Engine, threads: int | None
     from rllm_backends.local_torch.serving import load_model, start_policy_server
 
     with console.status(f"loading {model} ..."):
-        loaded = load_model(model, dtype=getattr(torch, dtype.value), device=device)
-    return start_policy_server(loaded, host=host, port=port, max_batch_size=max_batch_size, threads=threads)
+        loaded = load_model(model, dtype=getattr(torch, (dtype or DType.float32).value), device=device)
+    return start_policy_server(loaded, host=host, port=port, max_batch_size=max_batch_size or 32, threads=threads)
 
 
 @hookimpl

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rllm_backends.local_torch.serving.sampling import SamplingParams
 
@@ -22,6 +22,7 @@ __all__ = [
 ]
 
 MAX_TOP_LOGPROBS = 20
+_INT64 = 2**63
 
 
 class RequestError(Exception):
@@ -47,11 +48,17 @@ class _Request(BaseModel):
     n: int = Field(1, ge=1, le=128)
     stop: str | list[str] | None = None
     stop_token_ids: list[int] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=-_INT64, lt=_INT64)
     stream: bool = False
     stream_options: dict[str, Any] | None = None
     return_token_ids: bool = False
     ignore_eos: bool = False
+
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        """`"n": null`, `"stream": null` ... mean "the default", as in OpenAI's and vLLM's servers."""
+        return {k: v for k, v in data.items() if v is not None} if isinstance(data, dict) else data
 
     @field_validator("stop")
     @classmethod

@@ -1,7 +1,8 @@
 """Sampling parameters and the one logprob rule training can trust.
 
 The reported logprob of a sampled token is ``log_softmax(logits / T)[token]`` with T the request temperature
-(T = 0 means greedy decoding, reported at T = 1). top-p / top-k only restrict which tokens may be drawn; they
+(T below ``GREEDY_BELOW`` = 1e-5, as in vLLM, means greedy decoding, reported at T = 1: dividing by a tinier T
+overflows fp32 into NaN). top-p / top-k only restrict which tokens may be drawn; they
 do not renormalise the reported value, so a trainer recomputing ``log_softmax(logits / T)`` over the same
 tokens gets the same numbers.
 """
@@ -12,7 +13,10 @@ from dataclasses import dataclass, field
 
 import torch
 
-__all__ = ["SamplingParams", "sample_tokens", "scaled_logprobs", "top_logprobs"]
+__all__ = ["GREEDY_BELOW", "SamplingParams", "sample_tokens", "scaled_logprobs", "top_logprobs"]
+
+GREEDY_BELOW = 1e-5
+"""Temperatures below this decode greedily and report logprobs at T = 1 (vLLM's `_SAMPLING_EPS`)."""
 
 
 @dataclass(frozen=True)
@@ -31,12 +35,12 @@ class SamplingParams:
 
     @property
     def greedy(self) -> bool:
-        return self.temperature == 0
+        return self.temperature < GREEDY_BELOW
 
 
 def scaled_logprobs(logits_BV: torch.Tensor, temperature_B: torch.Tensor) -> torch.Tensor:
-    """``log_softmax(logits / T)`` per row, in fp32; rows with T = 0 use T = 1 (greedy, reported unscaled)."""
-    t_B = torch.where(temperature_B > 0, temperature_B, torch.ones_like(temperature_B))
+    """``log_softmax(logits / T)`` per row, in fp32; greedy rows (T < GREEDY_BELOW) use T = 1 (reported unscaled)."""
+    t_B = torch.where(temperature_B >= GREEDY_BELOW, temperature_B, torch.ones_like(temperature_B))
     return torch.log_softmax(logits_BV.float() / t_B[:, None], dim=-1)
 
 

