@@ -18,6 +18,8 @@ from typing import Any, ParamSpec, TypeVar
 from rllm_core.types import Step
 
 __all__ = [
+    "AGENT_HEADER",
+    "SESSION_HEADER",
     "EpisodeContext",
     "StepRecorder",
     "agent_scope",
@@ -27,6 +29,11 @@ __all__ = [
     "episode_scope",
     "submit",
 ]
+
+AGENT_HEADER = "X-RLLM-Agent"
+"""HTTP header naming the agent/role that made a call; the gateway puts it in `Step.agent`."""
+SESSION_HEADER = "X-RLLM-Session"
+"""HTTP header naming the episode session, for clients that cannot use the /sessions/<id>/v1 URL."""
 
 P = ParamSpec("P")
 R = TypeVar("R")

@@ -16,11 +16,10 @@ import inspect
 import threading
 from typing import Any, TypeVar
 
-from rllm_core.context import agent_scope
+from rllm_core.context import AGENT_HEADER, agent_scope
 
 __all__ = ["AGENT_HEADER", "agent_of", "wrap_client"]
 
-AGENT_HEADER = "X-RLLM-Agent"
 
 C = TypeVar("C")
 

@@ -20,12 +20,11 @@ from typing import Any
 
 from rllm_core.capture.assemble import CallAssembler, error_step
 from rllm_core.capture.request import CallRequest, endpoint_of, is_loopback, prepare_call
-from rllm_core.context import StepRecorder, current_agent, current_episode
+from rllm_core.context import AGENT_HEADER, StepRecorder, current_agent, current_episode
 from rllm_core.errors import CaptureError
 
 __all__ = ["install", "is_installed", "uninstall"]
 
-AGENT_HEADER = "X-RLLM-Agent"
 _CLOSED_EARLY = "the client closed the response before it ended"
 _lock = threading.Lock()
 _originals: dict[tuple[str, str], Any] = {}

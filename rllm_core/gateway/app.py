@@ -27,6 +27,7 @@ from rllm_core.capture import _json
 from rllm_core.capture.assemble import CallAssembler, error_step
 from rllm_core.capture.request import CallRequest, endpoint_of, prepare_call
 from rllm_core.capture.retokenize import resolve_tokenizer
+from rllm_core.context import AGENT_HEADER, SESSION_HEADER
 from rllm_core.errors import CaptureError
 from rllm_core.gateway.config import GatewayConfig
 from rllm_core.gateway.router import Upstream, UpstreamRouter
@@ -38,8 +39,6 @@ __all__ = ["AGENT_HEADER", "DEFAULT_SESSION", "SESSION_HEADER", "create_app"]
 
 log = logging.getLogger("rllm.gateway")
 
-SESSION_HEADER = "X-RLLM-Session"
-AGENT_HEADER = "X-RLLM-Agent"
 DEFAULT_SESSION = "default"
 """Session of calls that name none (no prefix, no header): recorded, never silently dropped."""
 

@@ -10,13 +10,12 @@ from typing import Any
 
 from openai import AsyncOpenAI
 
-from rllm_core.context import current_agent
+from rllm_core.context import AGENT_HEADER, current_agent
 from rllm_core.rollout import RolloutConfig
 from rllm_core.types import Task
 
 __all__ = ["AGENT_HEADER", "ChatReply", "chat", "make_client", "task_messages", "task_text"]
 
-AGENT_HEADER = "X-RLLM-Agent"
 
 _SDK_PARAMS = {"temperature", "top_p", "max_tokens", "max_completion_tokens", "n", "seed", "stop",
                "presence_penalty", "frequency_penalty", "logprobs", "top_logprobs"}
