@@ -189,3 +189,16 @@ def test_cli_prints_rllm_errors_as_one_line(monkeypatch, capsys) -> None:
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
     assert "rllm: the --flag is wrong; pass --flag 3" in err and "Traceback" not in err
+
+
+def test_adapter_status_reports_install_and_range() -> None:
+    from rllm_core.cli.plugins_cmd import adapter_status
+
+    assert adapter_status(AdapterSpec("x", "x", framework="no-such-dist-xyz", extra="x")) == (
+        None, 'not installed (pip install "rllm[x]")')
+    installed, status = adapter_status(AdapterSpec("p", "p", framework="pluggy", tested_versions=">=1.0"))
+    assert installed and status == "ok"
+    _, status = adapter_status(AdapterSpec("p", "p", framework="pluggy", tested_versions="<0.1"))
+    assert status == "untested version (tested: <0.1)"
+    result = CliRunner().invoke(build_app(), ["plugins"])
+    assert result.exit_code == 0 and "framework adapters" in result.output and "langgraph" in result.output

@@ -1,17 +1,37 @@
-"""`rllm plugins`: what was loaded (name, kind, version) and what failed to load."""
+"""`rllm plugins`: what was loaded (name, kind, version), what failed to load, and for each framework adapter
+whether its framework is installed in a tested version."""
 
 from __future__ import annotations
 
 import json
+from importlib.metadata import PackageNotFoundError, version
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from rllm_core.hookspecs import hookimpl
-from rllm_core.plugins import get_plugin_manager
+from rllm_core.plugins import AdapterSpec, get_plugin_manager
 
-__all__ = ["plugins_command"]
+__all__ = ["adapter_status", "plugins_command"]
+
+
+def adapter_status(spec: AdapterSpec) -> tuple[str | None, str]:
+    """(installed framework version, status): 'ok', 'not installed (pip install "rllm[extra]")' or 'untested'."""
+    from packaging.specifiers import InvalidSpecifier, SpecifierSet
+
+    try:
+        installed = version(spec.framework)
+    except PackageNotFoundError:
+        hint = f' (pip install "rllm[{spec.extra}]")' if spec.extra else ""
+        return None, f"not installed{hint}"
+    if not spec.tested_versions:
+        return installed, "ok"
+    try:
+        in_range = installed in SpecifierSet(spec.tested_versions)
+    except InvalidSpecifier:
+        return installed, f"tested range {spec.tested_versions!r} is not a version specifier"
+    return installed, "ok" if in_range else f"untested version (tested: {spec.tested_versions})"
 
 
 def plugins_command(
@@ -30,7 +50,17 @@ def plugins_command(
     for i in infos:
         status = f"[red]failed: {i.error}[/red]" if i.error else "[green]loaded[/green]"
         table.add_row(i.name, i.kind, i.version or "-", status)
-    Console().print(table)
+    console = Console()
+    console.print(table)
+    adapters = Table(title="framework adapters")
+    for col in ("adapter", "framework", "installed", "tested", "status"):
+        adapters.add_column(col)
+    for spec in get_plugin_manager().adapters():
+        installed, status = adapter_status(spec)
+        colour = "green" if status == "ok" else "yellow"
+        adapters.add_row(spec.name, spec.framework, installed or "-", spec.tested_versions or "-",
+                         f"[{colour}]{status}[/{colour}]")
+    console.print(adapters)
 
 
 @hookimpl
