@@ -109,3 +109,11 @@ def test_an_unusable_device_is_a_config_error() -> None:
         load_model("tiny-random", device="cuda:0")
     with pytest.raises(ConfigError, match="'gpu'"):
         load_model("tiny-random", device="gpu")
+
+
+def test_an_unwritable_rllm_home_says_what_to_do(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    monkeypatch.setenv("RLLM_HOME", str(not_a_dir))
+    with pytest.raises(ConfigError, match="RLLM_HOME at a writable directory"):
+        load_model("tiny-random")

@@ -70,7 +70,7 @@ def test_invalid_sampling_values_are_400(client: httpx.Client, field: str, value
 def test_prompt_plus_max_tokens_over_context_names_both_numbers(client: httpx.Client) -> None:
     r = client.post("/completions", json={"prompt": list(range(100, 140)), "max_tokens": 2030})
     msg = error_of(r, 400)
-    assert "40" in msg and "2030" in msg and "2048" in msg
+    assert "prompt has 40 tokens" in msg and "max_tokens is 2030" in msg and "context length of 2048" in msg
     too_long = client.post("/completions", json={"prompt": [5] * 2048})
     assert "2048" in error_of(too_long, 400)
 

@@ -85,8 +85,12 @@ def _embedded_gguf_dir() -> Path:
 
 def _write_atomically(target: Path, write: Any) -> Path:
     """Run `write(tmp_dir)` then rename tmp_dir to `target`; a concurrent writer that wins is simply reused."""
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    try:
+        target.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}-", dir=target.parent))
+    except OSError as exc:
+        raise ConfigError(f"cannot write the converted model under {target.parent} ({exc.strerror or exc}); "
+                          "point RLLM_HOME at a writable directory") from None
     try:
         write(tmp)
         try:
