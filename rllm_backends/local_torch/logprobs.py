@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 import torch
 
+from rllm_backends.local_torch.serving.sampling import GREEDY_BELOW
+
 __all__ = ["collate", "sequence_logprobs"]
 
 
@@ -38,7 +40,7 @@ def sequence_logprobs(
     predict tokens ≥ `start` (the first trained token of the micro-batch) go through it (`logits_to_keep`).
     Logits are upcast to fp32 before the softmax so bf16 autocast does not blur the ratio.
     """
-    temp = temperature if temperature > 0 else 1.0
+    temp = temperature if temperature >= GREEDY_BELOW else 1.0  # the server's greedy threshold (as vLLM's)
     keep = input_ids_BT.shape[1] - start + 1
     logits_BTV = model(input_ids=input_ids_BT, attention_mask=attention_mask_BT, use_cache=False,
                        logits_to_keep=keep).logits

@@ -22,8 +22,10 @@ def gateway_command(
                                        help="Require 'Authorization: Bearer KEY' from clients."),
     upstream_api_key: str | None = typer.Option(None, "--upstream-api-key", envvar="RLLM_UPSTREAM_API_KEY",
                                                 help="Bearer token sent upstream (never logged or stored)."),
-    no_inject: bool = typer.Option(False, "--no-inject",
-                                   help="Never add logprobs/return_token_ids (for hosted APIs)."),
+    inject: bool | None = typer.Option(
+        None, "--inject/--no-inject",
+        help="Add logprobs/return_token_ids to every request (--inject: e.g. vLLM on another host) or never "
+             "(--no-inject: hosted APIs). Default: only for loopback upstreams."),
     tokenizer: str | None = typer.Option(None, "--tokenizer",
                                          help="HF tokenizer path to retokenize replies that carry no ids."),
     timeout_s: float = typer.Option(600.0, "--timeout", help="Seconds to wait on the upstream."),
@@ -38,7 +40,7 @@ def gateway_command(
 
     console = Console(stderr=True)
     try:
-        ups = [UpstreamConfig(url=u, api_key=upstream_api_key, inject_token_ids=False if no_inject else None,
+        ups = [UpstreamConfig(url=u, api_key=upstream_api_key, inject_token_ids=inject,
                               tokenizer=tokenizer, timeout_s=timeout_s) for u in upstream]
         handle = start_gateway(ups, host=host, port=port, api_key=api_key,
                                max_body_bytes=max_body_bytes or DEFAULT_MAX_BODY_BYTES)

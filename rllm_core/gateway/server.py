@@ -15,6 +15,7 @@ from rllm_core.gateway.app import ROUTER_KEY, create_app
 from rllm_core.gateway.client import RemoteGateway
 from rllm_core.gateway.config import DEFAULT_MAX_BODY_BYTES, GatewayConfig, UpstreamConfig
 from rllm_core.gateway.store import SessionStore
+from rllm_core.net import client_host
 from rllm_core.types import Step
 
 __all__ = ["GatewayHandle", "shared_gateway", "start_gateway"]
@@ -28,7 +29,7 @@ class GatewayHandle:
         self.store = store
         self.host = host
         self.port = port
-        self.url = f"http://{_client_host(host)}:{port}"
+        self.url = f"http://{client_host(host)}:{port}"
         """Where clients on this machine reach it (the loopback address when bound to all interfaces)."""
         self._loop: asyncio.AbstractEventLoop | None = None
         self._runner: web.AppRunner | None = None
@@ -88,14 +89,6 @@ class GatewayHandle:
     def __exit__(self, *exc: Any) -> None:
         self.stop()
 
-
-def _client_host(host: str) -> str:
-    """The address a client on this machine uses: loopback for the wildcard binds, IPv6 in brackets."""
-    if host in ("", "0.0.0.0"):
-        return "127.0.0.1"
-    if host == "::":
-        return "[::1]"
-    return f"[{host}]" if ":" in host and not host.startswith("[") else host
 
 
 def start_gateway(

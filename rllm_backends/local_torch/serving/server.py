@@ -17,8 +17,8 @@ from aiohttp import web
 from rllm_backends.local_torch.serving.app import make_app
 from rllm_backends.local_torch.serving.engine import DecodeEngine
 from rllm_backends.local_torch.serving.models import LoadedModel, load_model
-from rllm_backends.local_torch.serving.net import client_host
 from rllm_core.errors import ConfigError
+from rllm_core.net import client_host
 
 __all__ = ["RunningPolicyServer", "start_policy_server"]
 

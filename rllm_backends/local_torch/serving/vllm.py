@@ -24,8 +24,8 @@ from typing import Any
 
 import httpx
 
-from rllm_backends.local_torch.serving.net import client_host, free_port
 from rllm_core.errors import ConfigError, UpstreamError
+from rllm_core.net import client_host, free_port
 
 __all__ = ["VLLMServer", "build_vllm_command", "gateway_hint", "start_vllm_server", "vllm_executable"]
 
