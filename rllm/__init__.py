@@ -3,13 +3,14 @@
 The public surface, in one place (a test pins it):
 
     @rllm.rollout                        turn an agent function into Episodes
+    rllm.RolloutFailedWarning            what `Rollout.run` warns when the agent raised or timed out
     rllm.Task / Step / Trajectory / Episode / TrajectoryGroup
     rllm.agent_scope, bind_context, submit    attribute calls to agents; carry the episode into threads
 """
 
 from rllm_core.context import agent_scope, bind_context, current_episode, submit
 from rllm_core.errors import RLLMError
-from rllm_core.rollout import Rollout, RolloutConfig, rollout
+from rllm_core.rollout import Rollout, RolloutConfig, RolloutFailedWarning, rollout
 from rllm_core.types import Episode, Step, Task, Trajectory, TrajectoryGroup, group_trajectories
 
 __version__ = "0.1.0"
@@ -19,6 +20,7 @@ __all__ = [
     "RLLMError",
     "Rollout",
     "RolloutConfig",
+    "RolloutFailedWarning",
     "Step",
     "Task",
     "Trajectory",

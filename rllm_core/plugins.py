@@ -6,7 +6,9 @@ never takes the CLI down; `rllm plugins` shows it.
 
 from __future__ import annotations
 
+import difflib
 import logging
+import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -118,7 +120,7 @@ class PluginManager:
         except (ValueError, pluggy.PluginValidationError) as exc:
             if self.pm.has_plugin(name):
                 self.pm.unregister(name=name)
-            raise PluginError(f"plugin {name!r} does not match rllm's hook specs: {exc}") from exc
+            raise PluginError(f"plugin {name!r} does not match rllm's hook specs: {_mismatch(exc)}") from exc
         kinds = sorted({_KIND_BY_HOOK[h.name] for h in self.pm.get_hookcallers(plugin) or []})
         self.infos.append(PluginInfo(name, kinds=kinds, version=version, source=source))
 
@@ -191,3 +193,16 @@ def reset_plugin_manager() -> None:
     global _manager
     with _lock:
         _manager = None
+
+
+def _mismatch(exc: Exception) -> str:
+    """pluggy's validation error as one line a plugin author can act on: a misspelt hook gets the closest real
+    hook name (pluggy names only the bad one, followed by the module's repr), a wrong signature loses the
+    line breaks that would break the `rllm plugins` table."""
+    text = " ".join(str(exc).split())
+    unknown = re.match(r"unknown hook '(\w+)'", text)
+    if unknown is None:
+        return text
+    specs = [n for n in dir(RLLMHookSpec) if n.startswith("rllm_")]
+    close = difflib.get_close_matches(unknown.group(1), specs, n=1)
+    return f"unknown hook {unknown.group(1)!r}" + (f" (did you mean {close[0]}?)" if close else "")

@@ -21,6 +21,7 @@ import threading
 import time
 import traceback
 import uuid
+import warnings
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from typing import TYPE_CHECKING, Any
@@ -34,7 +35,7 @@ from rllm_core.types import Episode, Step, Task, Trajectory
 if TYPE_CHECKING:  # the gateway (aiohttp) is imported on first run, not by `import rllm`
     from rllm_core.gateway.client import GatewayClient
 
-__all__ = ["Rollout", "RolloutConfig", "as_rollout", "build_episode", "rollout"]
+__all__ = ["Rollout", "RolloutConfig", "RolloutFailedWarning", "as_rollout", "build_episode", "rollout"]
 
 
 class RolloutConfig(BaseModel):
@@ -79,11 +80,18 @@ class Rollout:
         return (Rollout, (self.fn, self.name))
 
     def run(self, task: Task | dict[str, Any], **kwargs: Any) -> Episode:
-        """Run one episode synchronously (not from inside a running event loop: use `arun` there)."""
+        """Run one episode synchronously (not from inside a running event loop: use `arun` there).
+
+        The agent's exception stays in the Episode, as with `arun`; but `run` is what a person calls by hand,
+        so it also warns with the exception's last line: otherwise a failed call shows up only as steps
+        whose token ids are None."""
         try:
             asyncio.get_running_loop()
         except RuntimeError:
-            return asyncio.run(self.arun(task, **kwargs))
+            episode = asyncio.run(self.arun(task, **kwargs))
+            if episode.error:
+                warnings.warn(_failure_summary(self.name, episode), RolloutFailedWarning, stacklevel=2)
+            return episode
         raise ConfigError("Rollout.run() was called inside a running event loop; use `await rollout.arun(...)`")
 
     async def arun(
@@ -161,6 +169,18 @@ class Rollout:
             episode.termination_reason = "completed"
         get_plugin_manager().emit("rllm_on_episode_end", episode=episode)
         return episode
+
+
+class RolloutFailedWarning(UserWarning):
+    """`Rollout.run` returned an Episode whose agent raised, timed out or was cancelled."""
+
+
+def _failure_summary(name: str, episode: Episode) -> str:
+    """'rollout solve ended with error: NotFoundError: ... (episode.error has the traceback)'."""
+    lines = [line for line in (episode.error or "").strip().splitlines() if line.strip()]
+    last = lines[-1].strip() if lines else "unknown error"
+    where = " (episode.error has the whole traceback)" if len(lines) > 1 else ""
+    return f"rollout {name} ended with {episode.termination_reason}: {last}{where}"
 
 
 def _gateway_for(base_url: str | None, api_key: str | None, inject_token_ids: bool | None,

@@ -202,3 +202,19 @@ def test_adapter_status_reports_install_and_range() -> None:
     assert status == "untested version (tested: <0.1)"
     result = CliRunner().invoke(build_app(), ["plugins"])
     assert result.exit_code == 0 and "framework adapters" in result.output and "langgraph" in result.output
+
+
+def test_misspelt_hook_names_the_real_one() -> None:
+    pm = PluginManager(load_entry_points=False)
+    typo = types.SimpleNamespace()
+
+    @hookimpl
+    def rllm_register_adaptors():  # one letter off rllm_register_adapters
+        return []
+
+    typo.rllm_register_adaptors = rllm_register_adaptors
+    with pytest.raises(PluginError) as info:
+        pm.register(typo, name="typo")
+    text = str(info.value)
+    assert "unknown hook 'rllm_register_adaptors' (did you mean rllm_register_adapters?)" in text
+    assert "\n" not in text and "namespace(" not in text  # one line, without the plugin object's repr

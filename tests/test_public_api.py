@@ -5,7 +5,8 @@ import rllm
 
 def test_public_names() -> None:
     assert sorted(rllm.__all__) == sorted([
-        "Episode", "RLLMError", "Rollout", "RolloutConfig", "Step", "Task", "Trajectory", "TrajectoryGroup",
+        "Episode", "RLLMError", "Rollout", "RolloutConfig", "RolloutFailedWarning", "Step", "Task", "Trajectory",
+        "TrajectoryGroup",
         "__version__", "agent_scope", "bind_context", "current_episode", "group_trajectories", "rollout", "submit",
     ])
     for name in rllm.__all__:

@@ -132,7 +132,8 @@ def test_exception_keeps_steps_and_traceback(fake_upstream):
         ask(config, "before")
         raise ValueError("tool exploded")
 
-    ep = crashes.run(TASK, base_url=fake_upstream.base_url)
+    with pytest.warns(rllm.RolloutFailedWarning, match=r"crashes ended with error: ValueError: tool explo"):
+        ep = crashes.run(TASK, base_url=fake_upstream.base_url)  # by hand, a failure must not pass silently
     assert ep.termination_reason == "error"
     assert "Traceback" in (ep.error or "") and "ValueError: tool exploded" in (ep.error or "")
     assert len(ep.steps) == 1
@@ -250,7 +251,8 @@ def test_sync_function_timeout_returns_promptly(fake_upstream):
         time.sleep(3)
 
     t0 = time.perf_counter()
-    ep = stuck.run(TASK, base_url=fake_upstream.base_url, timeout_s=0.5)
+    with pytest.warns(rllm.RolloutFailedWarning, match=r"stuck ended with timeout: rollout stuck timed out"):
+        ep = stuck.run(TASK, base_url=fake_upstream.base_url, timeout_s=0.5)
     assert time.perf_counter() - t0 < 2.5
     assert ep.termination_reason == "timeout" and len(ep.steps) == 1
     assert_exact(ep.steps[0], "first")

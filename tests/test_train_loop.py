@@ -196,3 +196,20 @@ def test_sigkill_mid_step_resumes_from_last_good_checkpoint(tmp_path: Path, phas
     assert backend.steps_done == 4 and result.steps_done == 4
     assert not list(ckpts.glob(".tmp-*"))
     assert [m["step"] for m in RunDir(tmp_path / "run").read_metrics()] == [1, 2, 3, 4]
+
+
+def test_self_scoring_agent_without_a_reward_is_reported_once(monkeypatch, caplog) -> None:
+    import rllm_core.training.loop as loop
+    from rllm_core.types import Episode, Task
+
+    monkeypatch.setattr(loop, "_warned_no_reward", False)
+    task = Task(id="t", instruction="q")
+    episodes = [Episode(id="a", task=task, artifacts={"reward": 1}), Episode(id="b", task=task)]
+    with caplog.at_level("WARNING", logger="rllm.train"):
+        loop._self_scored(episodes)
+        loop._self_scored([Episode(id="c", task=task)])  # said once per process, not once per step
+    assert [e.reward for e in episodes] == [1.0, 0.0]
+    assert [e.reward_reason for e in episodes] == ["agent_reward", "no_reward"]
+    warned = [r.getMessage() for r in caplog.records if "set no reward" in r.getMessage()]
+    assert warned == ["--workflow none: 1 of 2 episodes set no reward (Episode.reward or artifacts['reward']); "
+                      "they count as 0 (metrics: reason/no_reward)"]

@@ -46,6 +46,7 @@ class LocalTorchBackend:
         check_device(config.device)  # before loading anything: a bad --device is one line, not a traceback
         self.config = config
         torch.manual_seed(config.seed)
+        _quiet_transformers()  # its "Loading weights" bar would cut into the training display
         loaded = self._loaded or load_model(config.model, dtype=torch.float32, device=config.device)
         serve_copy = copy.copy(loaded)
         serve_copy.model = copy.deepcopy(loaded.model).eval()
@@ -94,3 +95,13 @@ class LocalTorchBackend:
         if self.server is not None:
             self.server.stop()
             self.server = None
+
+
+def _quiet_transformers() -> None:
+    """Turn off transformers' own progress bars (weight loading): `rllm train` draws one live display, and a
+    second bar from a library, printed once per load, garbles it and the logs of `--no-progress` runs."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # pragma: no cover - transformers is a dependency of the local backend
+        return
+    hf_logging.disable_progress_bar()

@@ -12,6 +12,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -88,8 +89,10 @@ class TorchTrainer:
         if config.lora_rank > 0:
             from peft import LoraConfig, get_peft_model
 
-            model = get_peft_model(model, LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha,
-                                                     target_modules="all-linear", lora_dropout=0.0))
+            with warnings.catch_warnings():  # peft probes transformers' deprecated `is_gradient_checkpointing`
+                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+                model = get_peft_model(model, LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha,
+                                                         target_modules="all-linear", lora_dropout=0.0))
         self.model = model
         self.model.train()
         # KL to the starting policy: LoRA gets it for free (adapters off); full fine-tuning keeps a frozen copy.
@@ -229,7 +232,25 @@ class TorchTrainer:
         if not file.is_file():
             raise TrainingError(f"checkpoint {path} has no trainer.pt; it was not written by the local backend")
         state = torch.load(file, map_location=self.device, weights_only=True)
+        _check_fits(self.model.state_dict(), state["model"], path)
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
+
+
+def _check_fits(own: dict[str, torch.Tensor], saved: dict[str, torch.Tensor], path: Path) -> None:
+    """Refuse, in one line, a checkpoint of another model or LoRA setting (a `--resume` with a changed
+    `--model` / `--lora-rank`): torch's own error lists every one of hundreds of mismatched weights."""
+    missing = [k for k in own if k not in saved]
+    unexpected = [k for k in saved if k not in own]
+    reshaped = [k for k in own if k in saved and tuple(own[k].shape) != tuple(saved[k].shape)]
+    if not (missing or unexpected or reshaped):
+        return
+    example = (f"{reshaped[0]} is {tuple(saved[reshaped[0]].shape)} there, {tuple(own[reshaped[0]].shape)} here"
+               if reshaped else (missing or unexpected)[0])
+    raise ConfigError(
+        f"checkpoint {path} does not fit this model ({len(missing)} weights missing, {len(unexpected)} "
+        f"unexpected, {len(reshaped)} of another shape, e.g. {example}): it was saved with another --model or "
+        "--lora-rank; resume with the settings in the run's config.yaml"
+    )

@@ -43,7 +43,8 @@ def main() -> None:
     """The console script. An `RLLMError` from any command is printed as one line (it says what to do), not
     as a traceback; anything else is a bug and keeps its traceback."""
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # torch threads must not spin when sharing 2 cores
-    logging.basicConfig(level=os.environ.get("RLLM_LOG_LEVEL", "WARNING"))
+    logging.basicConfig(level=os.environ.get("RLLM_LOG_LEVEL", "WARNING"),
+                        format="%(levelname)s %(name)s: %(message)s")  # not "WARNING:rllm.train:..."
     try:
         build_app()()
     except RLLMError as exc:

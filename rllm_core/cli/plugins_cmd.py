@@ -8,6 +8,7 @@ from importlib.metadata import PackageNotFoundError, version
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rllm_core.hookspecs import hookimpl
@@ -48,7 +49,7 @@ def plugins_command(
     for col in ("name", "kind", "version", "status"):
         table.add_column(col)
     for i in infos:
-        status = f"[red]failed: {i.error}[/red]" if i.error else "[green]loaded[/green]"
+        status = f"[red]failed: {escape(i.error)}[/red]" if i.error else "[green]loaded[/green]"  # not markup
         table.add_row(i.name, i.kind, i.version or "-", status)
     console = Console()
     console.print(table)

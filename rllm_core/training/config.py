@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import difflib
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -23,6 +24,7 @@ class TrainConfig(BaseModel):
 
     # what to train on
     benchmark: str = "arithmetic"
+    """Benchmark to train on (see `rllm bench list`); on the command line, the positional argument."""
     agent: str | None = None
     """'module:function' rollout to train instead of the benchmark's default agent."""
     workflow: Literal["default", "none"] = "default"
@@ -52,6 +54,7 @@ class TrainConfig(BaseModel):
     lora_rank: int = Field(0, ge=0)
     """Train LoRA adapters of this rank (peft) instead of all weights; 0: full fine-tuning."""
     lora_alpha: int = 16
+    """LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)."""
     # algorithm
     algo: str | dict[str, str] = "grpo"
     """Advantage estimator, or a map role → estimator (YAML only), '*' the fallback role."""
@@ -76,6 +79,7 @@ class TrainConfig(BaseModel):
     sampler's logprobs: use it when the sampler's numerics differ from the trainer's (vLLM, bf16 serving)."""
     # batch shape
     group_size: int = Field(4, ge=1)
+    """Attempts per task; group estimators (grpo, rloo, ...) compare them, so they need 2 or more."""
     batch_size: int = Field(8, ge=1)
     """Tasks per step; each is attempted group_size times."""
     micro_batch_size: int = Field(8, ge=1)
@@ -88,6 +92,7 @@ class TrainConfig(BaseModel):
     temperature: float = Field(1.0, ge=0)
     """Sampling temperature of training rollouts (the trainer scores tokens at the same temperature)."""
     top_p: float = Field(1.0, gt=0, le=1)
+    """Nucleus sampling of training rollouts (1.0: off)."""
     max_tokens: int = Field(64, ge=1)
     """Most tokens per LLM call (completion length)."""
     concurrency: int = Field(32, ge=1)
@@ -98,6 +103,7 @@ class TrainConfig(BaseModel):
     lr: float = Field(1e-6, gt=0)
     """AdamW learning rate (peak, after warm-up)."""
     weight_decay: float = Field(0.0, ge=0)
+    """AdamW weight decay."""
     warmup_steps: int = Field(0, ge=0)
     """Linear warm-up of the learning rate over this many steps."""
     lr_schedule: Literal["constant", "linear", "cosine"] = "constant"
@@ -106,6 +112,7 @@ class TrainConfig(BaseModel):
     """Clip the gradient norm to this value."""
     # run
     max_steps: int = Field(20, ge=0)
+    """Training steps to run (with --resume: the step to stop at, counted from the run's start)."""
     max_minutes: float | None = None
     """Wall-clock budget: stop after the step that crosses it (then checkpoint and final validation)."""
     seed: int = 0
@@ -157,7 +164,8 @@ def _read_file(path: str | Path) -> dict[str, Any]:
     try:
         data = tomllib.loads(p.read_text()) if p.suffix == ".toml" else yaml.safe_load(p.read_text())
     except (tomllib.TOMLDecodeError, yaml.YAMLError) as exc:
-        raise ConfigError(f"config file {p} is not valid {'TOML' if p.suffix == '.toml' else 'YAML'}: {exc}") from exc
+        kind = "TOML" if p.suffix == ".toml" else "YAML"
+        raise ConfigError(f"config file {p} is not valid {kind}: {_parse_error(exc)}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):
@@ -173,5 +181,26 @@ def load_config(path: str | Path | None = None, **overrides: Any) -> TrainConfig
     try:
         return TrainConfig.model_validate(data)
     except ValidationError as exc:
-        lines = [f"  {'.'.join(map(str, e['loc'])) or 'config'}: {e['msg']}" for e in exc.errors()]
-        raise ConfigError("invalid training config:\n" + "\n".join(lines)) from None
+        problems = [_describe(e) for e in exc.errors()]
+        raise ConfigError("invalid training config: " + "; ".join(problems)) from None
+
+
+def _parse_error(exc: Exception) -> str:
+    """One line for a YAML/TOML syntax error: PyYAML's own message spans several lines with a source
+    excerpt, which buries the line number a user needs."""
+    if isinstance(exc, yaml.MarkedYAMLError) and exc.problem_mark is not None:
+        mark = exc.problem_mark
+        return f"line {mark.line + 1}, column {mark.column + 1}: {exc.problem}"
+    return " ".join(str(exc).split())
+
+
+def _describe(error: Any) -> str:
+    """One pydantic error as the user named it: an unknown key gets the closest real option, and the
+    'Value error, ' prefix pydantic puts on our own validator messages is dropped (they are whole sentences)."""
+    name = ".".join(map(str, error["loc"]))
+    if error["type"] == "extra_forbidden":
+        close = difflib.get_close_matches(name, list(TrainConfig.model_fields), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else " (`rllm train --help` lists the options)"
+        return f"unknown option {name!r}{hint}"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    return f"{name}: {message}" if name else message

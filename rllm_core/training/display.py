@@ -50,6 +50,8 @@ class TrainDisplay:
 
     def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
                  ) -> None:
+        if kind is None:  # the bar stays on screen: a finished run must not read "validating on 8 tasks"
+            self.progress.update(self.task, status="")
         self.progress.__exit__(kind, exc, tb)
 
     def phase(self, text: str) -> None:

@@ -27,7 +27,7 @@ from rllm_core.backend import Backend, create_backend
 from rllm_core.errors import ConfigError, TrainingError
 from rllm_core.rollout import Rollout
 from rllm_core.training.checkpoints import clean_partial_checkpoints, latest_checkpoint, read_state, save_checkpoint
-from rllm_core.training.config import TrainConfig
+from rllm_core.training.config import TrainConfig, load_config
 from rllm_core.training.display import TrainDisplay
 from rllm_core.training.metrics import PhaseTimer, episode_metrics
 from rllm_core.training.packing import pack_groups
@@ -83,12 +83,28 @@ async def _rollouts(rollout: Rollout, tasks: list[Task], backend: Backend, confi
                                   timeout_s=config.episode_timeout_s, progress=False,
                                   api_key=endpoint.api_key)
     if scorer is None:  # the agent scores itself: its Episode.reward, or artifacts["reward"]
-        for ep in episodes:
-            if ep.reward is None:
-                value = ep.artifacts.get("reward")
-                ep.reward = float(value) if isinstance(value, int | float) else 0.0
-                ep.reward_reason = ep.reward_reason or ("agent_reward" if value is not None else "no_reward")
+        _self_scored(episodes)
     return episodes
+
+
+def _self_scored(episodes: list[Episode]) -> None:
+    """Rewards for `--workflow none`; episodes that carry none count 0, and the first time it happens the
+    user hears of it: otherwise an agent that forgot to score trains on flat zeros without a word."""
+    global _warned_no_reward
+    missing = 0
+    for ep in episodes:
+        if ep.reward is None:
+            value = ep.artifacts.get("reward")
+            ep.reward = float(value) if isinstance(value, int | float) else 0.0
+            ep.reward_reason = ep.reward_reason or ("agent_reward" if value is not None else "no_reward")
+            missing += value is None
+    if missing and not _warned_no_reward:
+        _warned_no_reward = True
+        log.warning("--workflow none: %d of %d episodes set no reward (Episode.reward or artifacts['reward']); "
+                    "they count as 0 (metrics: reason/no_reward)", missing, len(episodes))
+
+
+_warned_no_reward = False
 
 
 @dataclass
@@ -122,7 +138,7 @@ class _Stages:
             metrics.update(pack_metrics)
             if not any(r.num_trained_tokens for r in rows):
                 metrics["skipped"] = _skip_reason(episodes, groups, rows)
-                log.warning("step %d skipped: %s", step, metrics["skipped"])
+                log.info("step %d skipped: %s", step, metrics["skipped"])  # the display prints it once
             else:
                 display.phase(f"step {step}: train on {len(rows)} rows")
                 with timer("train"):
@@ -161,6 +177,29 @@ class _Stages:
         return metrics
 
 
+_FIXED_ON_RESUME = ("model", "lora_rank", "backend")
+"""Options that decide the shape of the checkpointed weights: a resume cannot change them."""
+
+
+def _check_resume_config(run: RunDir, config: TrainConfig) -> None:
+    """Refuse, before anything loads or is written, a resume whose weights would not fit the run's checkpoints
+    or that has no step left to run."""
+    if not run.config_file.is_file():
+        return
+    saved = load_config(run.config_file)
+    changed = [f"{k} {getattr(saved, k)!r} → {getattr(config, k)!r}" for k in _FIXED_ON_RESUME
+               if getattr(saved, k) != getattr(config, k)]
+    if changed:
+        raise ConfigError(f"--resume {run.path}: its checkpoints were trained with other settings "
+                          f"({', '.join(changed)}); drop those flags to resume, or start a new run with another "
+                          "--output")
+    ckpt = latest_checkpoint(run.checkpoints_dir)
+    done = int(read_state(ckpt).get("step", 0)) if ckpt is not None else 0
+    if done >= config.max_steps:  # else the model loads, nothing trains, and config.yaml says max_steps went down
+        raise ConfigError(f"--resume {run.path}: the run is already at step {done}, so --max-steps "
+                          f"{config.max_steps} leaves nothing to train; pass --max-steps {done + 1} or more")
+
+
 def _resume(run: RunDir, backend: Backend) -> tuple[int, Path | None]:
     removed = clean_partial_checkpoints(run.checkpoints_dir)
     if removed:
@@ -189,7 +228,8 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
     console = console or Console()
     if recommended:
         shown = ", ".join(f"{k}={v}" for k, v in recommended.items())
-        console.print(f"[dim]{config.benchmark}'s recommended settings: {shown} (a flag overrides them)[/dim]")
+        console.print(f"[dim]{config.benchmark}'s recommended settings: {shown} (a flag overrides them)[/dim]",
+                      soft_wrap=True, highlight=False)
     rollout = rollout or resolve_rollout(config, benchmark)
     train_tasks = benchmark.load(config.train_split, data_dir=config.data_dir,
                                  max_examples=config.max_train_examples, seed=config.seed)
@@ -199,15 +239,19 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
     if not resume and run.holds_run():
         raise ConfigError(f"{run.path} already holds a training run: continue it with `rllm train --resume "
                           f"{run.path}`, or pass another --output (or delete the directory)")
+    if resume:
+        _check_resume_config(run, config)  # before config.yaml is rewritten: a refused resume must not change it
     run.create()
     config.dump_yaml(run.config_file)
     backend = backend or create_backend(config.backend, config)
     result = TrainResult(run_dir=run.path, steps_done=0, last_checkpoint=None)
     try:
-        backend.setup(config)
-        start = 0
-        if resume:
-            start, result.last_checkpoint = _resume(run, backend)
+        # a spinner (terminals only) for the seconds before the bar: loading weights, starting the server
+        with console.status(f"loading {config.model} and starting its policy server…"):
+            backend.setup(config)
+            start = 0
+            if resume:
+                start, result.last_checkpoint = _resume(run, backend)
         result.steps_done = start
         stages = _Stages(config, rollout, benchmark, backend, run, train_tasks, val_tasks)
         with TrainDisplay(console, config.max_steps, start, bar=progress) as display:

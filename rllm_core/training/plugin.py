@@ -35,14 +35,35 @@ def _cli_type(annotation: Any) -> Any:
     return annotation if annotation in (str, int, float, bool) else str
 
 
+_PANELS: dict[str, tuple[str, ...]] = {
+    "What to train on": ("agent", "workflow", "train_split", "val_split", "data_dir", "max_train_examples"),
+    "Model and backend": ("model", "backend", "device", "bf16", "gradient_checkpointing", "lora_rank",
+                          "lora_alpha"),
+    "Algorithm": ("algo", "loss", "agg", "clip_low", "clip_high", "clip_c", "kl_coef", "kl_type", "rejection",
+                  "recompute_old_logprobs"),
+    "Batch and sampling": ("group_size", "batch_size", "micro_batch_size", "max_seq_len", "overlong", "temperature",
+                           "top_p", "max_tokens", "concurrency", "episode_timeout_s"),
+    "Optimizer": ("lr", "weight_decay", "warmup_steps", "lr_schedule", "max_grad_norm"),
+}
+"""Help panels of `rllm train --help`: some 50 options in one table are hard to scan, and one table takes the
+width of its longest flag for every row. Options not listed land in "Run, validation and checkpoints"."""
+
+
+def _panel(name: str) -> str:
+    return next((title for title, names in _PANELS.items() if name in names), "Run, validation and checkpoints")
+
+
 def _option(name: str) -> inspect.Parameter:
     field = TrainConfig.model_fields[name]
     typ = _cli_type(field.annotation)
     flag = "--" + name.replace("_", "-")
     decl = f"{flag}/--no-{name.replace('_', '-')}" if typ is bool else flag
     help_text = (field.description or "").replace("\n", " ")
-    default_repr = field.default if not isinstance(field.default, dict) else "-"
-    opt = typer.Option(None, decl, help=f"{help_text} (default: {default_repr})".strip(), show_default=False)
+    if field.default is not None:  # "(default: None)" says nothing: such options are simply off unless given
+        help_text = f"{help_text} [default: {field.default}]"
+    choices = typing.get_args(field.annotation) if typing.get_origin(field.annotation) is Literal else ()
+    opt = typer.Option(None, decl, help=escape(help_text.strip()), show_default=False,  # help is rich markup
+                       rich_help_panel=_panel(name), metavar="|".join(choices) or None)
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=typ | None)
 
 
@@ -68,8 +89,9 @@ def _run(benchmark: str | None, config_file: Path | None, resume: Path | None, p
         else:
             config = load_config(config_file, **given)
         console.print(f"[bold]rllm train[/bold] {config.benchmark} · model {config.model} · backend "
-                      f"{config.backend} · {config.algo}/{config.loss} · {config.batch_size}×{config.group_size} "
-                      f"per step · {config.max_steps} steps → {config.output}")
+                      f"{config.backend} · {_algo_text(config.algo)}/{config.loss} · "
+                      f"{config.batch_size}×{config.group_size} per step · {_steps(config.max_steps)} → "
+                      f"{escape(config.output)}", soft_wrap=True, highlight=False)
         result = train(config, resume=resume is not None, progress=progress, console=console)
     except RLLMError as exc:
         console.print(f"[red]error:[/red] {escape(str(exc))}", soft_wrap=True, highlight=False)
@@ -80,8 +102,19 @@ def _run(benchmark: str | None, config_file: Path | None, resume: Path | None, p
                       f"`rllm train --resume {where}`", highlight=False)
         raise typer.Exit(130) from None
     evals = [m for m in RunDir(result.run_dir).read_metrics() if m.get("kind") == "eval"]  # resumed runs too
-    console.print(f"done: {result.steps_done} steps{_accuracy_summary(evals)}, checkpoint "
-                  f"{result.last_checkpoint}, run dir {result.run_dir}", highlight=False)
+    console.print(f"done: {_steps(result.steps_done)}{_accuracy_summary(evals)}, checkpoint "
+                  f"{result.last_checkpoint}, run dir {result.run_dir}", highlight=False, soft_wrap=True)
+
+
+def _steps(n: int) -> str:
+    return f"{n} step" if n == 1 else f"{n} steps"
+
+
+def _algo_text(algo: str | dict[str, str]) -> str:
+    """'grpo', or for a per-role map 'solver=grpo,judge=reinforce' (not a Python dict repr in the header)."""
+    if isinstance(algo, str):
+        return algo
+    return ",".join(f"{role}={est}" for role, est in algo.items())
 
 
 def _accuracy_summary(evals: list[dict[str, Any]]) -> str:
