@@ -121,6 +121,18 @@ def _describe(cfg: ModelConfig) -> dict[str, Any]:
     return out
 
 
+def _probe_server(base_url: str) -> tuple[list[str], str | None]:
+    """The models a server lists, and why it could not be asked (None when it answered). Setup saves either
+    way (the server may start later), but it says so now rather than at the first `rllm eval`."""
+    from rllm_core.errors import UpstreamError
+    from rllm_core.eval.endpoint import check_reachable  # late: the endpoint module imports this one
+
+    try:
+        return check_reachable(base_url, timeout_s=3.0), None
+    except UpstreamError as exc:
+        return [], str(exc.__cause__ or exc).split("\n")[0]
+
+
 model_app = typer.Typer(help="Choose the model rllm uses by default.", no_args_is_help=True, add_completion=False)
 
 
@@ -145,9 +157,11 @@ def setup_command(
     if kind != "embedded" and base_url is None and interactive:
         default = "http://127.0.0.1:8000/v1" if kind == "server" else "https://api.openai.com/v1"
         base_url = typer.prompt("Base URL", default=default)
+    served, unreachable = _probe_server(base_url) if kind == "server" and base_url else ([], None)
     if model is None:
-        default = DEFAULT_EMBEDDED if kind == "embedded" else "default"
+        default = DEFAULT_EMBEDDED if kind == "embedded" else (served[0] if served else "default")
         hint = " (smollm2-135m, tiny-random, or a local HF model folder)" if kind == "embedded" else ""
+        hint = f" (it serves {', '.join(served[:5])})" if served else hint
         model = typer.prompt(f"Model name{hint}", default=default) if interactive else default
     api_key: str | None = None
     if kind == "api" and api_key_env is None and interactive and not store_key:
@@ -164,6 +178,12 @@ def setup_command(
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
     typer.echo(f"saved to {path}")
+    if served and cfg.model not in served:
+        typer.secho(f"note: {base_url} does not list {cfg.model!r} (it serves {', '.join(served[:5])}); "
+                    "calls may be refused", fg=typer.colors.YELLOW)
+    if unreachable:
+        typer.secho(f"note: could not list the models at {base_url} ({unreachable}); if the server is not up "
+                    "yet, start it before running rllm (e.g. `rllm serve --port 8000`)", fg=typer.colors.YELLOW)
     if cfg.api_key_env and not os.environ.get(cfg.api_key_env):
         typer.secho(f"note: ${cfg.api_key_env} is not set in this shell; export it before running rllm",
                     fg=typer.colors.YELLOW)

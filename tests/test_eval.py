@@ -80,6 +80,8 @@ def test_eval_agent_crash_is_counted_and_run_goes_on(tmp_path: Path) -> None:
     assert summary["model"] == "fake-model"  # no --model: the one the endpoint lists at /models
     crashed = [e for e in read_jsonl(tmp_path / "o" / "episodes.jsonl") if e.reward_reason == "error"]
     assert "my agent broke" in (crashed[0].error or "")
+    assert summary["first_error"] == "RuntimeError: my agent broke"  # a failed run says why, not just "error 1"
+    assert "1 of 3 episodes failed; first error: RuntimeError: my agent broke" in " ".join(res.output.split())
 
 
 def test_eval_workflow_and_timeout(tmp_path: Path) -> None:
@@ -105,6 +107,8 @@ def _free_port() -> int:
     (["eval", "gsm8k", "--agent", "my_agents:missing"], r"has no attribute 'missing'"),
     (["eval", "gsm8k", "--workflow", "nope"], r"unknown workflow 'nope'"),
     (["eval", "gsm8k", "--split", "dev"], r"no split 'dev'"),
+    (["eval", "gsm8k", "--agent", "my_agents.py:solve"], r"not a file path: --agent my_agents:solve"),
+    (["eval", "gsm8k", "--agent", "./my_agents:solve"], r"not a file path: --agent my_agents:solve"),
 ])
 def test_eval_bad_input_is_explained(args: list[str], expected: str) -> None:
     res = _invoke(*args, "--no-progress")
@@ -171,6 +175,7 @@ def test_eval_gsm8k_tiny_random_end_to_end(tmp_path: Path) -> None:
     (["--attempts", "0"], r"--attempts and --concurrency must be at least 1"),
     (["--timeout", "-1"], r"--timeout must be a positive number"),
     (["--max-tokens", "0"], r"--max-tokens must be at least 1"),
+    (["--temperature", "-1"], r"--temperature must be 0 or more"),
 ])
 def test_eval_bad_numbers_are_explained(args: list[str], expected: str) -> None:
     res = _invoke("eval", "gsm8k", "--base-url", "http://127.0.0.1:9/v1", *args, "--no-progress")
@@ -214,3 +219,18 @@ def test_pass_at_k_is_the_unbiased_estimator() -> None:
         assert pass_at_k(n, c, k) == pytest.approx(1 - comb(n - c, k) / comb(n, k))
     with pytest.raises(ValueError, match="needs at least 4 attempts"):
         pass_at_k(2, 1, 4)
+
+
+def test_ctrl_c_says_what_was_kept_and_exits_130(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C mid-run used to end in a traceback (and wait on the gateway); now one line and exit code 130."""
+    import rllm_core.eval.runner as runner_mod
+
+    async def interrupted(*args: Any, on_episode: Any, **kwargs: Any) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(runner_mod, "run_episodes", interrupted)
+    with start_fake_upstream(_gsm8k_responder) as up:
+        res = _invoke("eval", "gsm8k", "-n", "3", "--base-url", up.base_url, "-o", str(tmp_path / "i"), "--no-progress")
+    assert res.exit_code == 130
+    assert "interrupted: 0 of 3 episodes finished, saved in" in " ".join(res.output.split())
+    assert "Traceback" not in res.output and not (tmp_path / "i" / "summary.json").exists()

@@ -219,3 +219,64 @@ def test_a_port_in_use_is_a_clear_config_error(fake_upstream):
     with start_gateway([UpstreamConfig(url=fake_upstream.base_url)]) as gw, \
             pytest.raises(ConfigError, match="could not listen"):
         start_gateway([UpstreamConfig(url=fake_upstream.base_url)], port=gw.port)
+
+
+def test_a_port_in_use_leaves_no_unclosed_client_session(fake_upstream, caplog):
+    """A failed bind used to leak the upstream aiohttp session: 'Unclosed client session' after the error."""
+    import gc
+    import logging
+
+    from rllm_core.errors import ConfigError
+
+    with start_gateway([UpstreamConfig(url=fake_upstream.base_url)]) as gw, caplog.at_level(logging.ERROR):
+        with pytest.raises(ConfigError):
+            start_gateway([UpstreamConfig(url=fake_upstream.base_url)], port=gw.port)
+        gc.collect()
+    assert "Unclosed client session" not in caplog.text
+
+
+def test_an_upstream_without_v1_is_named_at_startup():
+    from rllm_core.gateway.plugin import upstream_warnings
+
+    assert upstream_warnings(["http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1/"]) == []
+    (warning,) = upstream_warnings(["http://127.0.0.1:8000"])
+    assert "http://127.0.0.1:8000 does not end in /v1" in warning and "8000/chat/completions" in warning
+
+
+def test_an_unknown_route_is_an_openai_shaped_404_saying_where_calls_go(fake_upstream):
+    """A session URL missing /v1 used to get aiohttp's plain-text '404: Not Found'."""
+    import httpx
+
+    with start_gateway([UpstreamConfig(url=fake_upstream.base_url)]) as gw:
+        resp = httpx.post(f"{gw.url}/sessions/s1/chat/completions", json={"model": "m", "messages": []})
+        assert resp.status_code == 404
+        assert "/sessions/<id>/v1/" in resp.json()["error"]["message"] and gw.steps("s1") == []
+        assert httpx.get(f"{gw.url}/health").json()["status"] == "ok"  # the known routes still win
+
+
+def test_stopping_with_a_call_in_flight_is_quick():
+    """An interrupted run stops its gateway at exit while agents are mid-call: that used to wait 15 s and
+    then print a TimeoutError traceback from the atexit hook."""
+    import threading
+    import time
+
+    import httpx
+
+    from rllm_core.gateway.server import SHUTDOWN_GRACE_S
+    from rllm_core.testing.fake_upstream import start_fake_upstream
+
+    with start_fake_upstream(delay_s=6) as slow:  # longer than the grace, shorter than its own stop wait
+        gw = start_gateway([UpstreamConfig(url=slow.base_url)])
+        def client_call() -> None:
+            try:
+                httpx.post(f"{gw.session_base_url('s')}/chat/completions", json={"model": "m", "messages": []},
+                           timeout=60)
+            except httpx.HTTPError:
+                pass  # cut off by the stop: expected
+
+        call = threading.Thread(target=client_call, daemon=True)
+        call.start()
+        time.sleep(0.5)
+        started = time.monotonic()
+        gw.stop()
+        assert time.monotonic() - started < SHUTDOWN_GRACE_S + 3 and not gw.running

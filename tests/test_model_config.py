@@ -100,3 +100,21 @@ def test_setup_interactive_embedded_asks_which_model() -> None:
     assert load_model_config() == ModelConfig(kind="embedded", model="tiny-random")
     res = runner.invoke(build_app(), ["model", "setup", "--kind", "embedded"], input="\n")
     assert res.exit_code == 0 and load_model_config() == ModelConfig(kind="embedded", model="smollm2-135m")
+
+
+def test_setup_server_offers_the_served_model_and_says_when_nothing_answers(fake_upstream) -> None:  # type: ignore[no-untyped-def]
+    res = runner.invoke(build_app(), ["model", "setup"], input=f"2\n{fake_upstream.base_url}\n\n")
+    assert res.exit_code == 0, res.output
+    assert "it serves fake-model" in res.output
+    assert load_model_config() == ModelConfig(kind="server", base_url=fake_upstream.base_url, model="fake-model")
+    res = runner.invoke(build_app(), ["model", "setup", "--kind", "server", "--base-url", "http://127.0.0.1:9/v1"])
+    assert res.exit_code == 0 and "could not list the models at http://127.0.0.1:9/v1 (" in " ".join(res.output.split())
+    res = runner.invoke(build_app(), ["model", "setup", "--kind", "server", "--base-url", fake_upstream.base_url,
+                                      "--model", "other"])
+    assert res.exit_code == 0 and "does not list 'other' (it serves fake-model)" in " ".join(res.output.split())
+
+
+def test_a_saved_default_model_name_becomes_the_one_the_server_lists(fake_upstream) -> None:  # type: ignore[no-untyped-def]
+    save_model_config(ModelConfig(kind="server", base_url=fake_upstream.base_url, model="default"))
+    with open_endpoint(None, None) as ep:
+        assert ep.model == "fake-model"

@@ -117,3 +117,13 @@ def test_an_unwritable_rllm_home_says_what_to_do(tmp_path: Path, monkeypatch: py
     monkeypatch.setenv("RLLM_HOME", str(not_a_dir))
     with pytest.raises(ConfigError, match="RLLM_HOME at a writable directory"):
         load_model("tiny-random")
+
+
+def test_an_uncached_hub_id_offline_fails_fast_with_the_reason(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With the Hub unreachable, an id is looked up in the cache only: seconds, not huggingface_hub's retries."""
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    monkeypatch.setattr(models_mod, "_hub_unreachable", lambda: "the Hub (https://hf.test) is not reachable")
+    started = time.monotonic()
+    with pytest.raises(ConfigError, match=r"not in the Hugging Face cache and the Hub \(https://hf.test\)"):
+        load_model("no-such-org/no-such-model")
+    assert time.monotonic() - started < 10

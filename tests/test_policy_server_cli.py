@@ -128,6 +128,7 @@ def test_rllm_serve_tiny_random_prints_its_url_and_serves() -> None:
             _, err = proc.communicate()
     assert proc.returncode == 0, err
     assert "rllm gateway --upstream" in err
+    assert "rllm serve: stopping (signal received)" in err  # a log says why the server ended
 
 
 def test_vllm_serves_the_built_in_names_from_their_converted_directories(

@@ -195,3 +195,13 @@ def test_a_vanishingly_small_temperature_is_greedy_with_finite_logprobs(client: 
     ch = tiny.json()["choices"][0]
     assert ch["token_ids"] == greedy["token_ids"]
     assert [c["logprob"] for c in ch["logprobs"]["content"]] == [c["logprob"] for c in greedy["logprobs"]["content"]]
+
+
+def test_unknown_routes_get_an_openai_shaped_error_saying_where_the_api_is(server: RunningPolicyServer) -> None:
+    """A base URL missing /v1 used to get aiohttp's plain-text '404: Not Found' (the SDK showed just that)."""
+    root = server.base_url.removesuffix("/v1")
+    with httpx.Client(timeout=30) as c:
+        missing = c.post(f"{root}/chat/completions", json={"messages": MSG})
+        wrong_method = c.get(f"{server.base_url}/chat/completions")
+    assert missing.status_code == 404 and "the OpenAI API is under /v1" in missing.json()["error"]["message"]
+    assert wrong_method.status_code == 405 and "use POST" in wrong_method.json()["error"]["message"]

@@ -12,11 +12,22 @@ from rllm_core.rollout import Rollout
 __all__ = ["load_agent"]
 
 
+def _refuse_file_path(spec: str, module_name: str, attr: str) -> None:
+    """A file path where a module name belongs (`agents.py:solve`, `./agents:solve`) is a common slip: say
+    which module name to give instead of passing on importlib's confusing message."""
+    if not (module_name.endswith(".py") or "/" in module_name or "\\" in module_name):
+        return
+    dotted = module_name.removesuffix(".py").lstrip("./").replace("/", ".").replace("\\", ".")
+    raise ConfigError(f"--agent {spec!r}: give a module name, not a file path: --agent {dotted}:{attr} "
+                      "(run from the folder that holds it)")
+
+
 def load_agent(spec: str) -> Rollout:
     """Import `module.path:function` (the current directory is importable) and return it as a Rollout."""
     if ":" not in spec:
         raise ConfigError(f"--agent {spec!r} must look like 'package.module:function' (a colon before the name)")
     module_name, _, attr = spec.partition(":")
+    _refuse_file_path(spec, module_name, attr)
     cwd = str(Path.cwd())
     if cwd not in sys.path:
         sys.path.insert(0, cwd)  # like `python -m`, so a module next to the user imports

@@ -53,5 +53,8 @@ def eval_command(
     except RLLMError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
+    except KeyboardInterrupt as exc:  # Ctrl-C: say what was kept, no traceback
+        typer.secho(str(exc) or "interrupted", fg=typer.colors.YELLOW, err=True)
+        raise typer.Exit(130) from None
     print_summary(result.summary)
     typer.echo(f"episodes: {result.episodes_path}\nsummary:  {result.summary_path}")

@@ -75,7 +75,8 @@ def open_endpoint(base_url: str | None, model: str | None, api_key: str | None =
                 yield ep
             return
     served = check_reachable(ep.base_url, ep.api_key) if check else []
-    if not ep.model:  # --base-url without --model: the server's only (or first) model
+    if not ep.model or (ep.model == "default" and served and "default" not in served):
+        # --base-url without --model, or a setup that saved no name: the server's only (or first) model
         ep = Endpoint(ep.base_url, served[0] if served else "default", ep.api_key, ep.source)
     elif served and ep.model not in served:  # a warning: some servers accept aliases they do not list
         log.warning("model %r is not among the models %s lists (%s); pass --model with one of them if "

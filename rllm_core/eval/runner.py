@@ -82,6 +82,8 @@ def _check_numbers(opts: EvalOptions) -> None:
         raise ConfigError(f"--max-examples must be at least 1 (got {opts.max_examples}); omit it for every row")
     if opts.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be at least 1 (got {opts.max_tokens})")
+    if opts.temperature is not None and opts.temperature < 0:
+        raise ConfigError(f"--temperature must be 0 or more (got {opts.temperature}); 0 is greedy")
     if opts.timeout_s is not None and opts.timeout_s <= 0:
         raise ConfigError(f"--timeout must be a positive number of seconds (got {opts.timeout_s})")
 
@@ -106,12 +108,17 @@ def run_eval(opts: EvalOptions) -> EvalResult:
             append_jsonl(episodes_path, ep)
 
         started = time.monotonic()
-        episodes = asyncio.run(run_episodes(
-            rollout, tasks, base_url=endpoint.base_url, model=endpoint.model, api_key=endpoint.api_key,
-            attempts=opts.attempts, concurrency=opts.concurrency, sampling=sampling, benchmark=bench,
-            timeout_s=opts.timeout_s, progress=opts.progress, on_episode=save,
-            description=f"{bench.name} · {endpoint.model}",
-        ))
+        try:
+            episodes = asyncio.run(run_episodes(
+                rollout, tasks, base_url=endpoint.base_url, model=endpoint.model, api_key=endpoint.api_key,
+                attempts=opts.attempts, concurrency=opts.concurrency, sampling=sampling, benchmark=bench,
+                timeout_s=opts.timeout_s, progress=opts.progress, on_episode=save,
+                description=f"{bench.name} · {endpoint.model}",
+            ))
+        except KeyboardInterrupt:
+            done = sum(1 for line in episodes_path.read_text(encoding="utf-8").splitlines() if line.strip())
+            raise KeyboardInterrupt(f"interrupted: {done} of {len(tasks) * opts.attempts} episodes finished, "
+                                    f"saved in {episodes_path} (no summary.json)") from None
         wall = time.monotonic() - started
     config = opts.model_dump(mode="json", exclude={"api_key"})
     config.update(temperature=temperature, rollout=rollout.name, endpoint_source=endpoint.source)

@@ -12,12 +12,14 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from rllm_core.engine import episode_token_counts
 from rllm_core.types import Episode
 
-__all__ = ["EvalSummary", "RoleSummary", "pass_at_k", "print_summary", "summarize", "summarize_roles"]
+__all__ = ["EvalSummary", "RoleSummary", "first_error_line", "pass_at_k", "print_summary", "summarize",
+           "summarize_roles"]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
@@ -78,9 +80,20 @@ class EvalSummary(BaseModel):
     tokens_per_s: float = 0.0
     wall_time_s: float = 0.0
     errors: int = 0
+    first_error: str | None = None
+    """The last line of the first failed episode's error (its exception), so a run that failed says why."""
     roles: dict[str, RoleSummary] = Field(default_factory=dict)
     """Per-role results of workflows whose roles are graded on their own answers (solver, judge, debater)."""
     config: dict[str, Any] = Field(default_factory=dict)
+
+
+def first_error_line(episodes: Sequence[Episode]) -> str | None:
+    """The exception line of the first episode that failed: a traceback's last non-empty line."""
+    for ep in episodes:
+        if ep.error:
+            lines = [line.strip() for line in ep.error.strip().splitlines() if line.strip()]
+            return lines[-1][:500] if lines else None
+    return None
 
 
 def summarize(episodes: Sequence[Episode], *, benchmark: str, split: str, model: str, attempts: int,
@@ -106,7 +119,8 @@ def summarize(episodes: Sequence[Episode], *, benchmark: str, split: str, model:
         mean_reward=sum(e.reward or 0.0 for e in episodes) / n_eps if n_eps else 0.0,
         reasons=dict(reasons.most_common()), prompt_tokens=prompt, completion_tokens=completion,
         tokens_per_s=completion / wall_time_s if wall_time_s > 0 else 0.0, wall_time_s=wall_time_s,
-        errors=sum(1 for e in episodes if e.error is not None), roles=summarize_roles(episodes),
+        errors=sum(1 for e in episodes if e.error is not None), first_error=first_error_line(episodes),
+        roles=summarize_roles(episodes),
         config=dict(config or {}),
     )
 
@@ -126,4 +140,8 @@ def print_summary(summary: EvalSummary, console: Console | None = None) -> None:
     table.add_row("tokens (prompt / completion)", f"{summary.prompt_tokens:,} / {summary.completion_tokens:,}")
     table.add_row("completion tok/s", f"{summary.tokens_per_s:,.1f}")
     table.add_row("wall time", f"{summary.wall_time_s:.1f} s")
-    (console or Console()).print(table)
+    console = console or Console()
+    console.print(table)
+    if summary.errors and summary.first_error:
+        console.print(f"[red]{summary.errors} of {summary.n_episodes} episodes failed; first error: "
+                      f"{escape(summary.first_error)}[/red]", highlight=False, soft_wrap=True)

@@ -298,5 +298,14 @@ def create_app(config: GatewayConfig, store: SessionStore | None = None) -> web.
     r.add_delete("/sessions/{session_id}", gw.delete_session)
     r.add_route("*", "/sessions/{session_id}/v1/{tail:.*}", gw.proxy)
     r.add_route("*", "/v1/{tail:.*}", gw.proxy)
+    r.add_route("*", "/{tail:.*}", _no_route)  # last: only what nothing above matched, at no cost to the rest
     return app
+
+
+async def _no_route(request: web.Request) -> web.Response:
+    """An unknown path (often a base URL missing /v1) gets an OpenAI-shaped 404 that says where calls go,
+    instead of aiohttp's plain-text one, which SDKs show as just '404: Not Found'."""
+    return _error(404, f"no route {request.method} {request.path} here; send OpenAI calls to "
+                       "/sessions/<id>/v1/... (or /v1/... with an X-RLLM-Session header); read them at "
+                       "GET /sessions/<id>/steps", kind="not_found_error")
 

@@ -11,7 +11,14 @@ from rich.console import Console
 from rllm_core.errors import ConfigError
 from rllm_core.hookspecs import hookimpl
 
-__all__ = ["gateway_command"]
+__all__ = ["gateway_command", "upstream_warnings"]
+
+
+def upstream_warnings(urls: list[str]) -> list[str]:
+    """An upstream without /v1 is accepted (some APIs mount elsewhere), but it is usually a slip whose
+    only symptom would be a 404 on every call, so it is named at startup."""
+    return [f"upstream {u} does not end in /v1; calls go to {u.rstrip('/')}/chat/completions, which most "
+            "OpenAI-compatible servers do not have" for u in urls if not u.rstrip("/").endswith("/v1")]
 
 
 def gateway_command(
@@ -38,7 +45,7 @@ def gateway_command(
     from rllm_core.gateway.config import DEFAULT_MAX_BODY_BYTES, UpstreamConfig  # late: keeps `rllm --help` light
     from rllm_core.gateway.server import start_gateway
 
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # one line per message, even piped (no wrap at 80 columns)
     try:
         ups = [UpstreamConfig(url=u, api_key=upstream_api_key, inject_token_ids=inject,
                               tokenizer=tokenizer, timeout_s=timeout_s) for u in upstream]
@@ -51,6 +58,8 @@ def gateway_command(
     except ConfigError as exc:
         console.print(f"[red]rllm gateway: {exc}[/red]", highlight=False)
         raise typer.Exit(2) from None
+    for warning in upstream_warnings([u.url for u in ups]):
+        console.print(f"[yellow]warning: {warning}[/yellow]", highlight=False)
     if not api_key and not is_loopback(f"http://[{host}]" if ":" in host else f"http://{host}"):
         console.print(f"[yellow]warning: listening on {host} without --api-key: anyone who can reach this port "
                       "can use the upstream and read recorded calls[/yellow]", highlight=False)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import atexit
+import logging
 import threading
 from typing import Any
 
@@ -19,6 +20,11 @@ from rllm_core.net import client_host
 from rllm_core.types import Step
 
 __all__ = ["GatewayHandle", "shared_gateway", "start_gateway"]
+
+log = logging.getLogger("rllm.gateway")
+SHUTDOWN_GRACE_S = 2.0
+"""How long calls still in flight when a gateway stops may take to finish before they are cancelled: short, so
+an interrupted run (Ctrl-C with agents mid-call) exits at once rather than after the slowest generation."""
 
 
 class GatewayHandle:
@@ -78,7 +84,10 @@ class GatewayHandle:
         loop, runner, thread = self._loop, self._runner, self._thread
         if loop is None or runner is None or thread is None or not thread.is_alive():
             return
-        asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(15)
+        try:  # in-flight calls get SHUTDOWN_GRACE_S to finish, then are cancelled (an interrupted run's)
+            asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(SHUTDOWN_GRACE_S + 10)
+        except (TimeoutError, RuntimeError) as exc:  # stop anyway: this runs at exit, after Ctrl-C too
+            log.debug("gateway cleanup did not finish: %r", exc)
         loop.call_soon_threadsafe(loop.stop)
         thread.join(15)
         self._thread = None
@@ -111,10 +120,14 @@ def start_gateway(
     box: dict[str, Any] = {}
 
     async def _start() -> None:
-        runner = web.AppRunner(app, access_log=None, handle_signals=False)
+        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S)
         await runner.setup()
         site = web.TCPSite(runner, host, port, reuse_address=True)
-        await site.start()
+        try:
+            await site.start()
+        except BaseException:
+            await runner.cleanup()  # closes the upstream client session, so a failed bind leaves nothing open
+            raise
         box["runner"], box["port"] = runner, site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
 
     def _run() -> None:
@@ -124,6 +137,7 @@ def start_gateway(
         except BaseException as exc:
             box["error"] = exc
             ready.set()
+            loop.close()
             return
         ready.set()
         loop.run_forever()

@@ -195,6 +195,12 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return await handler(request)
     except RequestError as exc:
         return web.json_response(exc.body(), status=exc.status)
+    except web.HTTPNotFound:  # an unknown route: say where the API is, OpenAI-shaped like every other error
+        return _error(404, f"no route {request.method} {request.path} here; the OpenAI API is under /v1 "
+                           "(POST /v1/chat/completions, POST /v1/completions, GET /v1/models; GET /health)")
+    except web.HTTPMethodNotAllowed as exc:
+        allowed = ", ".join(sorted(exc.allowed_methods))
+        return _error(405, f"{request.method} {request.path} is not allowed here; use {allowed}")
     except web.HTTPException:
         raise
     except (asyncio.CancelledError, ConnectionResetError):

@@ -183,6 +183,14 @@ def _tiny_random_cache() -> Path:
     return _write_atomically(target, write)
 
 
+def _hub_unreachable() -> str | None:
+    """Why the Hub cannot be reached (None when it can): a Hugging Face id is then looked up in the local
+    cache only, so an offline machine gets the error in seconds instead of huggingface_hub's retries."""
+    from rllm_core.benchmarks.data import hub_unreachable
+
+    return hub_unreachable()
+
+
 def model_dir(name_or_path: str) -> str:
     """What an out-of-process server (vLLM) should load for `name_or_path`.
 
@@ -212,12 +220,14 @@ def load_model(name_or_path: str = "smollm2-135m", dtype: torch.dtype = torch.fl
         if path.startswith(("/", ".")) and not Path(path).is_dir():
             raise ConfigError(f"no model directory at {path!r}; give a folder with config.json and safetensors, a "
                               f"Hugging Face id, or one of the built-in names {', '.join(BUILTIN_MODELS)}")
+        offline = None if Path(path).is_dir() else _hub_unreachable()
         try:
-            tok = AutoTokenizer.from_pretrained(path)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+            tok = AutoTokenizer.from_pretrained(path, local_files_only=offline is not None)
+            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=offline is not None)
         except (OSError, ValueError) as exc:
+            why = f"it is not in the Hugging Face cache and {offline}" if offline else str(exc).rstrip(".")
             raise ConfigError(
-                f"cannot load model {name_or_path!r}: {str(exc).rstrip('.')}. Give a local directory with "
+                f"cannot load model {name_or_path!r}: {why}. Give a local directory with "
                 f"config.json and safetensors, a Hugging Face id (needs network, HF_HUB_OFFLINE unset), or one of the "
                 f"built-in names {', '.join(BUILTIN_MODELS)}"
             ) from None

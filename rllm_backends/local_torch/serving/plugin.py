@@ -47,7 +47,7 @@ def serve_command(
     vllm_arg: list[str] = typer.Option([], "--vllm-arg", help="Extra argument passed to `vllm serve` (repeatable)."),
 ) -> None:
     """Serve a model OpenAI-compatibly with token ids and logprobs, for rollouts and training."""
-    console = Console(stderr=True)
+    console = Console(stderr=True, soft_wrap=True)  # one line per message, even piped (no wrap at 80 columns)
     try:
         handle = _start(model, host, port, engine, threads, max_batch_size, dtype, device, vllm_arg, console)
     except RLLMError as exc:
@@ -61,6 +61,7 @@ def serve_command(
     typer.echo(handle.base_url)
     try:
         _wait_for_signal()
+        console.print("rllm serve: stopping (signal received)", highlight=False)  # so a log says why it ended
     finally:
         handle.stop()
 
