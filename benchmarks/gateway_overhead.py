@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -29,6 +28,8 @@ import psutil
 from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
+
+from rllm_core.net import free_port
 
 MODES = [(1, False), (1, True), (32, False), (32, True)]
 """(concurrency, streaming) pairs; each gets calls / 4 calls per target."""
@@ -67,12 +68,6 @@ class Result:
     @property
     def cpu_ms_per_call(self) -> float | None:
         return None if self.cpu_s is None else self.cpu_s * 1000 / max(1, len(self.latencies_s))
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -> bool:
@@ -235,7 +230,7 @@ def main() -> None:
         results: dict[str, list[Result]] = {}
         with Progress(console=console, transient=True) as progress:
             results["direct"] = bench_target("direct", lambda n: [upstream + "/v1"], None, calls, progress)
-            port = free_port()
+            port = free_port("127.0.0.1")
             ours_cmd = [py, "-m", "rllm", "gateway", "--upstream", upstream + "/v1", "--port", str(port)]
             with subprocess_server(ours_cmd, f"http://127.0.0.1:{port}/health", "rllm gateway") as proc:
                 if proc is not None:
@@ -252,7 +247,7 @@ def main() -> None:
                     console.print("[red]rllm-model-gateway is not installed: pip install rllm-model-gateway "
                                   "(or its wheel) to compare; reporting ours alone.[/red]")
                 else:
-                    port2 = free_port()
+                    port2 = free_port("127.0.0.1")
                     peer_cmd = [py, "-m", "rllm_model_gateway", "--host", "127.0.0.1", "--port", str(port2),
                                 "--worker", upstream + "/v1", "--store", "memory", "--log-level", "warning"]
                     with subprocess_server(peer_cmd, f"http://127.0.0.1:{port2}/health",

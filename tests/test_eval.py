@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import socket
 from pathlib import Path
 from typing import Any
 
@@ -13,6 +12,7 @@ from typer.testing import CliRunner
 
 from rllm_core.cli.app import build_app
 from rllm_core.io import read_jsonl
+from rllm_core.net import free_port
 from rllm_core.testing.fake_upstream import start_fake_upstream
 
 runner = CliRunner()
@@ -93,12 +93,6 @@ def test_eval_workflow_and_timeout(tmp_path: Path) -> None:
     assert summary["reasons"] == {"timeout": 2} and summary["config"]["rollout"] == "solver_judge"
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize(("args", "expected"), [
     (["eval", "gsm8", "--base-url", "http://127.0.0.1:9/v1"], r"unknown benchmark 'gsm8'.*gsm8k"),
     (["eval", "gsm8k", "--agent", "no_such_module:solve"], r"module 'no_such_module' could not be imported"),
@@ -117,7 +111,7 @@ def test_eval_bad_input_is_explained(args: list[str], expected: str) -> None:
 
 
 def test_eval_unreachable_endpoint_fails_before_any_episode(tmp_path: Path) -> None:
-    url = f"http://127.0.0.1:{_free_port()}/v1"
+    url = f"http://127.0.0.1:{free_port('127.0.0.1')}/v1"
     res = _invoke("eval", "gsm8k", "-n", "2", "--base-url", url, "-o", str(tmp_path / "never"), "--no-progress")
     assert res.exit_code == 2
     assert url in " ".join(res.output.split()) and "not reachable" in res.output

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import asyncio
 import os
-import socket
 import subprocess
 import sys
 import threading
@@ -19,6 +18,7 @@ import pytest
 from aiohttp import web
 
 from rllm_core.gateway import UpstreamConfig, start_gateway
+from rllm_core.net import free_port
 from rllm_core.testing.fake_upstream import start_fake_upstream
 
 MSGS = [{"role": "user", "content": "hi"}]
@@ -72,12 +72,6 @@ def slow_stream_app(chunks: int = 60, gap_s: float = 0.02) -> web.Application:
     return app
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.fixture
 def gateway(fake_upstream):
     with start_gateway([UpstreamConfig(url=fake_upstream.base_url)], max_body_bytes=64 * 1024) as gw:
@@ -111,7 +105,7 @@ def test_body_over_the_limit_is_a_400(gateway):
 
 
 def test_refused_connection_is_a_502_and_an_errored_step():
-    with start_gateway([UpstreamConfig(url=f"http://127.0.0.1:{free_port()}/v1")]) as gw:
+    with start_gateway([UpstreamConfig(url=f"http://127.0.0.1:{free_port('127.0.0.1')}/v1")]) as gw:
         r = httpx.post(gw.session_base_url("r") + "/chat/completions", json=BODY)
         assert r.status_code == 502 and "unreachable" in r.json()["error"]["message"]
         [step] = gw.take_steps("r")
@@ -185,7 +179,7 @@ def test_200_concurrent_sessions_none_lost_none_duplicated(gateway):
 
 @pytest.mark.slow
 def test_cli_serves_and_records(fake_upstream):
-    port = free_port()
+    port = free_port("127.0.0.1")
     env = {**os.environ, "RLLM_LOG_LEVEL": "ERROR"}
     proc = subprocess.Popen([sys.executable, "-m", "rllm", "gateway", "--upstream", fake_upstream.base_url,
                              "--port", str(port), "--api-key", "k"], stdout=subprocess.PIPE,
