@@ -1,31 +1,63 @@
-"""The training backend interface, and a recording test double beside it.
+"""The training backend interface (v2), and a recording test double beside it.
 
-A backend owns the trainable weights and the policy endpoint that samples from them:
+A backend owns the trainable weights and the inference engines that sample from them. The loop calls, per step:
 
-    setup(config) · policy_endpoint() -> PolicyEndpoint · train_step(rows) -> metrics
-    sync_weights() -> policy_version · save(path) · load(path) · shutdown()
+    before_rollouts() → [rollouts against policy_endpoint()] → after_rollouts()
+    → train_step(rows) (a dict, or a Future / awaitable of one) → sync_weights() -> policy_version
 
-The loop never looks inside: local torch computes the loss in-process; verl would turn rows into a DataProto,
-tinker into `Datum`s. Backends are registered through the `rllm_register_backends` hook as
-`rllm_core.plugins.BackendSpec(name, factory)`, `factory(config) -> Backend`.
+plus setup(config) · capabilities() · save(path) · load(path) · shutdown(). What v2 says that v1 could not:
+
+- `policy_endpoint()` is a *set* of upstreams (`PolicyEndpoint.replicas`: verl runs several vLLM/SGLang
+  servers); the loop's gateway routes sessions over them (sticky) and takes a new set after each sync.
+- `before_rollouts` / `after_rollouts` are the lifecycle of a colocated engine (wake it and load weights;
+  free its KV cache before the update): explicit, never hidden inside `train_step`.
+- `train_step` may return before the update finishes (a `concurrent.futures.Future` or an awaitable), so
+  remote and Ray backends pipeline; the loop awaits it with `resolve_metrics`.
+- `capabilities()` says what the backend computes itself (losses, aggregation modes, KL, LoRA, recomputed
+  π_old): `check_capabilities` refuses an unsupported combination before anything loads, naming the option,
+  instead of a backend silently training another objective.
+- Each `TrainRow` carries the behaviour logprobs (`sampling_logprobs`), optional recomputed `old_logprobs`
+  and its sampling `temperature`, so decoupled PPO and off-policy training need no further change here.
+
+Backends are registered through the `rllm_register_backends` hook as `rllm_core.plugins.BackendSpec(name,
+factory)`, `factory(config) -> Backend`. Subclass `BackendBase` for the optional methods' defaults, and run
+`rllm_core.testing.backend_contract` against yours (docs/training.md says how).
 """
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
+import inspect
 import json
 import time
-from collections.abc import Sequence
-from dataclasses import dataclass
+from collections.abc import Awaitable, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
+from rllm_core.algorithms.names import AGG_MODES, LOSSES
 from rllm_core.errors import ConfigError, TrainingError
 
 if TYPE_CHECKING:
+    from rllm_core.gateway.config import UpstreamConfig
     from rllm_core.training.config import TrainConfig
     from rllm_core.training.packing import TrainRow
 
-__all__ = ["Backend", "PolicyEndpoint", "RecordingBackend", "create_backend"]
+__all__ = [
+    "Backend",
+    "BackendBase",
+    "BackendCapabilities",
+    "PolicyEndpoint",
+    "RecordingBackend",
+    "TrainStepResult",
+    "check_capabilities",
+    "create_backend",
+    "resolve_metrics",
+]
+
+TrainStepResult = dict[str, float] | concurrent.futures.Future | Awaitable[dict[str, float]]
+"""What `train_step` returns: the metrics, or a future / awaitable that yields them when the update is done."""
 
 
 @dataclass(frozen=True)
@@ -38,6 +70,77 @@ class PolicyEndpoint:
     api_key: str | None = None
     tokenizer: object | None = None
     """Optional tokenizer, for retokenizing upstreams that return no token ids."""
+    replicas: tuple[str, ...] = ()
+    """Every server of this policy (base URLs ending in /v1). Empty: `base_url` alone."""
+    inject_token_ids: bool | None = None
+    """Ask the servers for token ids and logprobs (None: auto, on for loopback servers)."""
+
+    @property
+    def upstream_urls(self) -> tuple[str, ...]:
+        return self.replicas or (self.base_url,)
+
+    def upstream_configs(self) -> list[UpstreamConfig]:
+        """The gateway's upstream records for every replica."""
+        from rllm_core.gateway.config import UpstreamConfig
+
+        return [UpstreamConfig(url=u, api_key=self.api_key, inject_token_ids=self.inject_token_ids)
+                for u in self.upstream_urls]
+
+
+@dataclass(frozen=True)
+class BackendCapabilities:
+    """What a backend can honour; the loop refuses any other config up front (`check_capabilities`)."""
+
+    losses: frozenset[str] = frozenset(LOSSES)
+    agg_modes: frozenset[str] = frozenset(AGG_MODES)
+    kl_types: frozenset[str] = frozenset({"k1", "k3"})
+    """KL-to-reference estimators it can add as a loss term (empty: --kl-coef must stay 0)."""
+    lora: bool = True
+    recompute_old_logprobs: bool = True
+    devices: frozenset[str] = frozenset({"cpu", "cuda"})
+    """Values of --device it accepts (device type, before any ':N')."""
+    async_train_step: bool = False
+    """True when train_step returns before the update is done (a future): the loop overlaps its own I/O."""
+    colocated: bool = False
+    """True when sampling and training share devices, so before/after_rollouts wake and free the engine."""
+    notes: dict[str, str] = field(default_factory=dict)
+    """Option name → why it is refused, said in the error (e.g. {"agg": "verl scales it by the batch size"})."""
+
+
+def check_capabilities(config: TrainConfig, caps: BackendCapabilities, backend: str) -> None:
+    """Raise one ConfigError listing every option `backend` cannot honour, by flag name."""
+    problems: list[str] = []
+
+    def refuse(option: str, value: object, allowed: object) -> None:
+        why = caps.notes.get(option)
+        problems.append(f"--{option.replace('_', '-')} {value} (supported: {allowed}{'; ' + why if why else ''})")
+
+    if config.loss not in caps.losses:
+        refuse("loss", config.loss, ", ".join(sorted(caps.losses)) or "none")
+    if config.agg not in caps.agg_modes:
+        refuse("agg", config.agg, ", ".join(sorted(caps.agg_modes)) or "none")
+    if config.kl_coef > 0 and config.kl_type not in caps.kl_types:
+        refuse("kl_type", config.kl_type, ", ".join(sorted(caps.kl_types)) or "no KL term: --kl-coef 0")
+    if config.lora_rank > 0 and not caps.lora:
+        refuse("lora_rank", config.lora_rank, "0, full fine-tuning")
+    if config.recompute_old_logprobs and not caps.recompute_old_logprobs:
+        refuse("recompute_old_logprobs", "on", "off")
+    if config.device.split(":", 1)[0] not in caps.devices:
+        refuse("device", config.device, ", ".join(sorted(caps.devices)))
+    if problems:
+        raise ConfigError(f"the {backend!r} backend cannot train with {'; '.join(problems)}: change these options "
+                          "or choose another --backend (see `rllm plugins`)")
+
+
+async def resolve_metrics(result: TrainStepResult) -> dict[str, float]:
+    """The metrics of a train_step, waiting (without blocking the event loop) when it returned a future."""
+    if isinstance(result, concurrent.futures.Future):
+        result = await asyncio.wrap_future(result)
+    elif inspect.isawaitable(result):
+        result = await result
+    if not isinstance(result, dict):
+        raise TrainingError(f"the backend's train_step gave {type(result).__name__}, not a dict of metrics")
+    return result
 
 
 @runtime_checkable
@@ -46,18 +149,28 @@ class Backend(Protocol):
 
     name: str
 
+    def capabilities(self) -> BackendCapabilities:
+        """What this backend can train (checked against the config before setup)."""
+
     def setup(self, config: TrainConfig) -> None:
-        """Load the model, build the optimizer, start the policy endpoint."""
+        """Load the model, build the optimizer, start the inference engines."""
 
     def policy_endpoint(self) -> PolicyEndpoint:
-        """The endpoint rollouts should call now."""
+        """The endpoint (one or more replicas) rollouts should call now."""
 
-    def train_step(self, rows: Sequence[TrainRow]) -> dict[str, float]:
-        """One optimizer step on `rows`; returns metrics (loss, grad_norm, clip_frac, approx_kl, entropy, ...).
-        Raises TrainingError (weights untouched) on a non-finite loss or a batch that does not fit."""
+    def before_rollouts(self) -> None:
+        """Make the engines ready to sample (wake a colocated engine, restore its KV cache)."""
+
+    def after_rollouts(self) -> None:
+        """Rollouts are done: free what the update needs (a colocated engine's KV cache)."""
+
+    def train_step(self, rows: Sequence[TrainRow]) -> TrainStepResult:
+        """One optimizer step on `rows`; returns metrics (loss, grad_norm, ...) or a future of them.
+        Raises (or the future raises) TrainingError, weights untouched, on a non-finite loss or a batch that
+        does not fit."""
 
     def sync_weights(self) -> int:
-        """Push the new weights to the policy endpoint; returns the new policy version."""
+        """Push the new weights to the engines; returns the new policy version."""
 
     def save(self, path: Path) -> None:
         """Write everything needed to resume (weights, optimizer, scheduler, version) into directory `path`."""
@@ -69,42 +182,85 @@ class Backend(Protocol):
         """Stop servers, free memory. Safe to call twice."""
 
 
-class RecordingBackend:
+class BackendBase:
+    """Defaults for the optional parts of the protocol: every loss option, no engine lifecycle."""
+
+    name = "base"
+
+    def capabilities(self) -> BackendCapabilities:
+        return BackendCapabilities()
+
+    def before_rollouts(self) -> None:
+        return None
+
+    def after_rollouts(self) -> None:
+        return None
+
+
+class RecordingBackend(BackendBase):
     """A backend that trains nothing: it records the rows it was given and serves a fixed endpoint.
 
     For loop tests against the fake upstream. `fail_at_step` makes train_step raise TrainingError (as a NaN
-    loss would) at that 1-based step count; `step_delay_s` sleeps inside train_step (to kill it mid-step).
+    loss would) at that 1-based step count; `step_delay_s` sleeps inside train_step (to kill it mid-step);
+    `asynchronous` returns a Future from train_step (the update then runs in a thread), as a remote backend
+    would; `replicas` serves the policy from several upstream URLs. `events` logs the lifecycle calls in order.
     """
 
     name = "recording"
 
     def __init__(self, base_url: str, model: str = "default", *, fail_at_step: int | None = None,
-                 step_delay_s: float = 0.0) -> None:
+                 step_delay_s: float = 0.0, asynchronous: bool = False, replicas: Sequence[str] = (),
+                 caps: BackendCapabilities | None = None) -> None:
         self.base_url, self.model = base_url, model
         self.fail_at_step, self.step_delay_s = fail_at_step, step_delay_s
+        self.asynchronous = asynchronous
+        self.replicas = tuple(replicas)
+        self.caps = caps or BackendCapabilities(async_train_step=asynchronous)
         self.steps_done = 0
         self.version = 0
         self.batches: list[list[TrainRow]] = []
+        self.events: list[str] = []
         self.closed = False
+        self._pool: concurrent.futures.ThreadPoolExecutor | None = None
+
+    def capabilities(self) -> BackendCapabilities:
+        return self.caps
 
     def setup(self, config: TrainConfig) -> None:
         self.config = config
+        self.events.append("setup")
 
     def policy_endpoint(self) -> PolicyEndpoint:
-        return PolicyEndpoint(self.base_url, self.model, self.version)
+        return PolicyEndpoint(self.base_url, self.model, self.version, replicas=self.replicas)
 
-    def train_step(self, rows: Sequence[TrainRow]) -> dict[str, float]:
+    def before_rollouts(self) -> None:
+        self.events.append("before_rollouts")
+
+    def after_rollouts(self) -> None:
+        self.events.append("after_rollouts")
+
+    def _update(self, rows: list[TrainRow]) -> dict[str, float]:
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
         if self.fail_at_step is not None and self.steps_done + 1 == self.fail_at_step:
             raise TrainingError(f"loss is NaN at backend step {self.fail_at_step}")
         self.steps_done += 1
-        self.batches.append(list(rows))
+        self.batches.append(rows)
+        self.events.append("train_done")
         trained = sum(r.num_trained_tokens for r in rows)
         return {"loss": 0.0, "grad_norm": 0.0, "train/trained_tokens": float(trained)}
 
+    def train_step(self, rows: Sequence[TrainRow]) -> TrainStepResult:
+        self.events.append("train_step")
+        if not self.asynchronous:
+            return self._update(list(rows))
+        if self._pool is None:
+            self._pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="recording-backend")
+        return self._pool.submit(self._update, list(rows))
+
     def sync_weights(self) -> int:
         self.version += 1
+        self.events.append("sync_weights")
         return self.version
 
     def save(self, path: Path) -> None:
@@ -113,11 +269,22 @@ class RecordingBackend:
         )
 
     def load(self, path: Path) -> None:
-        state = json.loads((Path(path) / "recording_backend.json").read_text())
+        file = Path(path) / "recording_backend.json"
+        if not file.is_file():
+            raise TrainingError(f"checkpoint {path} has no recording_backend.json; it was not written by this "
+                                "backend")
+        state = json.loads(file.read_text())
         self.steps_done, self.version = state["steps_done"], state["version"]
 
     def shutdown(self) -> None:
         self.closed = True
+        if self._pool is not None:
+            self._pool.shutdown(wait=True)
+            self._pool = None
+
+
+_METHODS = ("capabilities", "setup", "policy_endpoint", "before_rollouts", "after_rollouts", "train_step",
+            "sync_weights", "save", "load", "shutdown")
 
 
 def create_backend(name: str, config: TrainConfig) -> Backend:
@@ -129,7 +296,10 @@ def create_backend(name: str, config: TrainConfig) -> Backend:
         known = ", ".join(sorted(specs)) or "none"
         raise ConfigError(f"unknown backend {name!r}; installed backends: {known} (see `rllm plugins`)")
     backend = specs[name].factory(config)
-    if not isinstance(backend, Backend):
+    missing = [m for m in _METHODS if not callable(getattr(backend, m, None))]
+    if missing or not isinstance(backend, Backend):
         raise ConfigError(f"backend {name!r} factory returned {type(backend).__name__}, which lacks the Backend "
-                          "methods (setup, policy_endpoint, train_step, sync_weights, save, load, shutdown)")
+                          f"method(s) {', '.join(missing) or 'name'}: implement them, or subclass "
+                          "rllm_core.backend.BackendBase for the optional ones' defaults")
     return backend
+

@@ -18,7 +18,10 @@ def test_public_names() -> None:
         "latest_checkpoint", "load_config", "pack_groups", "pack_trajectory", "read_state", "sample_tasks",
         "save_checkpoint", "train",
     ]
-    assert sorted(backend.__all__) == ["Backend", "PolicyEndpoint", "RecordingBackend", "create_backend"]
+    assert sorted(backend.__all__) == [
+        "Backend", "BackendBase", "BackendCapabilities", "PolicyEndpoint", "RecordingBackend", "TrainStepResult",
+        "check_capabilities", "create_backend", "resolve_metrics",
+    ]
     for mod in (algorithms, training, backend):
         for name in mod.__all__:
             assert getattr(mod, name) is not None

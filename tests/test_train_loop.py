@@ -199,7 +199,7 @@ def test_sigkill_mid_step_resumes_from_last_good_checkpoint(tmp_path: Path, phas
 
 
 def test_self_scoring_agent_without_a_reward_is_reported_once(monkeypatch, caplog) -> None:
-    import rllm_core.training.loop as loop
+    import rllm_core.training.rollouts as loop
     from rllm_core.types import Episode, Task
 
     monkeypatch.setattr(loop, "_warned_no_reward", False)

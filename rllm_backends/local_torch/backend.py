@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rllm_core.backend import PolicyEndpoint
+from rllm_core.backend import BackendBase, BackendCapabilities, PolicyEndpoint
 from rllm_core.errors import TrainingError
 from rllm_core.training.config import TrainConfig
 from rllm_core.training.packing import TrainRow
@@ -21,7 +21,7 @@ from rllm_core.training.packing import TrainRow
 __all__ = ["LocalTorchBackend"]
 
 
-class LocalTorchBackend:
+class LocalTorchBackend(BackendBase):
     """Backend protocol over `TorchTrainer` + `start_policy_server`. `loaded` injects an already loaded model
     (tests, benchmarks); otherwise `config.model` is loaded with the serving package's `load_model`."""
 
@@ -36,6 +36,11 @@ class LocalTorchBackend:
         self.trainer: Any = None
         self.server: Any = None
         self.policy_version = 0
+
+    def capabilities(self) -> BackendCapabilities:
+        """Every loss option (the loss is ours, computed here); the server holds its own copy of the weights, so
+        nothing needs waking or freeing around rollouts; train_step is synchronous."""
+        return BackendCapabilities()
 
     def setup(self, config: TrainConfig) -> None:
         import torch

@@ -118,7 +118,9 @@ class TorchTrainer:
         if not rows:
             raise TrainingError("no trainable tokens in this batch (every row has loss mask 0); step skipped")
         started = time.perf_counter()
-        rows = sorted(rows, key=lambda r: len(r.tokens))  # less padding per micro-batch
+        # one temperature per micro-batch (each row is scored at the temperature it was sampled at), and within
+        # it rows sorted by length: less padding
+        rows = sorted(rows, key=lambda r: (self._temperature(r), len(r.tokens)))
         # position 0 has no prefix to predict it from, so it can never be trained: not in the denominator
         token_denom = float(sum(sum(r.loss_mask[1:]) for r in rows))
         seq_denom = float(len(rows))
@@ -129,8 +131,9 @@ class TorchTrainer:
         sums: dict[str, float] = {}
         total_loss = 0.0
         total_tokens = 0
-        for start in range(0, len(rows), mb):
-            chunk = rows[start : start + mb]
+        chunks = [rows[i : i + mb] for i in range(0, len(rows), mb)]
+        chunks = [part for chunk in chunks for part in _split_by(chunk, self._temperature)]
+        for chunk in chunks:
             loss, metrics, n_tok = self._micro_step(chunk, token_denom, seq_denom)
             if not math.isfinite(loss):
                 self.optimizer.zero_grad(set_to_none=True)
@@ -158,9 +161,13 @@ class TorchTrainer:
                     "train/tokens_per_s": total_tokens / max(elapsed, 1e-9), "time/train_step_s": elapsed})
         return out
 
+    def _temperature(self, row: TrainRow) -> float:
+        return row.temperature if row.temperature is not None else self.config.temperature
+
     def _micro_step(self, chunk: Sequence[TrainRow], token_denom: float, seq_denom: float
                     ) -> tuple[float, dict[str, float], int]:
         cfg, dev = self.config, self.device
+        temperature = self._temperature(chunk[0])
         start = max(1, min(r.loss_mask.index(1) for r in chunk))  # first trained position in the chunk
         ids_BT = collate([r.tokens for r in chunk], self.pad_token_id, torch.long, dev)
         attn_BT = collate([[1] * len(r.tokens) for r in chunk], 0, torch.long, dev)
@@ -169,11 +176,14 @@ class TorchTrainer:
         adv_BT = collate([r.advantages for r in chunk], 0.0, torch.float32, dev)[:, start:]
         try:
             with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=cfg.bf16):
-                logp_BT, ent_BT = sequence_logprobs(self.model, ids_BT, attn_BT, cfg.temperature,
+                logp_BT, ent_BT = sequence_logprobs(self.model, ids_BT, attn_BT, temperature,
                                                     with_entropy=True, start=start)
                 if cfg.recompute_old_logprobs:
                     old_BT = logp_BT.detach()
-                ref_BT = self._reference_logprobs(ids_BT, attn_BT, start) if cfg.kl_coef > 0 else None
+                elif all(r.old_logprobs is not None for r in chunk):  # π_old recomputed upstream of us
+                    old_BT = collate([r.old_logprobs or [] for r in chunk], 0.0, torch.float32, dev)[:, start:]
+                ref_BT = (self._reference_logprobs(ids_BT, attn_BT, start, temperature) if cfg.kl_coef > 0
+                          else None)
                 loss, metrics = policy_loss_with_metrics(
                     cfg.loss, logp_BT, old_BT, adv_BT, mask_BT, cfg.agg, cfg.clip_low, cfg.clip_high, cfg.clip_c,
                     ref_logprobs=ref_BT, kl_coef=cfg.kl_coef, kl_type=cfg.kl_type,
@@ -194,11 +204,12 @@ class TorchTrainer:
         return float(loss.detach()), metrics, n_tok
 
     @torch.no_grad()
-    def _reference_logprobs(self, ids_BT: torch.Tensor, attn_BT: torch.Tensor, start: int) -> torch.Tensor:
+    def _reference_logprobs(self, ids_BT: torch.Tensor, attn_BT: torch.Tensor, start: int, temperature: float
+                            ) -> torch.Tensor:
         if self.ref_model is not None:
-            return sequence_logprobs(self.ref_model, ids_BT, attn_BT, self.config.temperature, start=start)[0]
+            return sequence_logprobs(self.ref_model, ids_BT, attn_BT, temperature, start=start)[0]
         with self.model.disable_adapter():  # type: ignore[operator]
-            return sequence_logprobs(self.model, ids_BT, attn_BT, self.config.temperature, start=start)[0]
+            return sequence_logprobs(self.model, ids_BT, attn_BT, temperature, start=start)[0]
 
     def check_memory(self, micro_batch: int, seq_len: int) -> None:
         """Raise TrainingError, with the numbers, when a micro-batch of this shape will not fit."""
@@ -237,6 +248,17 @@ class TorchTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
+
+
+def _split_by(rows: list[TrainRow], key: Any) -> list[list[TrainRow]]:
+    """Consecutive runs of equal `key(row)` (rows are sorted by it already)."""
+    parts: list[list[TrainRow]] = []
+    for row in rows:
+        if parts and key(parts[-1][-1]) == key(row):
+            parts[-1].append(row)
+        else:
+            parts.append([row])
+    return parts
 
 
 def _check_fits(own: dict[str, torch.Tensor], saved: dict[str, torch.Tensor], path: Path) -> None:

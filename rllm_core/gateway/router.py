@@ -1,5 +1,9 @@
 """Upstream choice: a session sticks to one worker (its prefix cache stays warm); new sessions go to the
-least loaded worker (fewest calls in flight, then fewest sessions)."""
+least loaded worker (fewest calls in flight, then fewest sessions).
+
+The set of workers can be replaced while the gateway serves (`replace`): a training backend whose replicas
+move after a weight sync (verl's vLLM/SGLang servers) hands the gateway the new set. Calls in flight finish on
+the worker they started on; sessions whose worker is gone are re-assigned on their next call."""
 
 from __future__ import annotations
 
@@ -46,6 +50,21 @@ class UpstreamRouter:
                     _, old = self._sticky.popitem(last=False)
                     old.sessions -= 1
             return up
+
+    def replace(self, upstreams: list[Upstream]) -> None:
+        """Serve from `upstreams` from now on. Workers whose URL stays keep their sessions and load counts."""
+        if not upstreams:
+            raise ValueError("the gateway needs at least one upstream")
+        with self._lock:
+            kept = {u.url: u for u in self.upstreams}
+            new = [kept.get(u.url) or u for u in upstreams]
+            for u, fresh in zip(new, upstreams, strict=True):
+                if u is not fresh:  # same URL: keep its counters, take the new settings (key, tokenizer)
+                    u.config, u.tokenizer = fresh.config, fresh.tokenizer
+            alive = {id(u) for u in new}
+            for sid in [sid for sid, u in self._sticky.items() if id(u) not in alive]:
+                del self._sticky[sid]
+            self.upstreams = new
 
     def _least_loaded(self) -> Upstream:
         return min(self.upstreams, key=lambda u: (u.in_flight, u.sessions))

@@ -80,6 +80,19 @@ class GatewayHandle:
         """`take_steps` for async callers (the `GatewayClient` protocol); it never blocks."""
         return self.take_steps(session_id)
 
+    def set_upstreams(self, upstreams: list[UpstreamConfig] | list[str]) -> None:
+        """Replace the model servers behind this gateway while it serves (a backend's replicas after a weight
+        sync); calls in flight finish where they started."""
+        from rllm_core.capture.retokenize import resolve_tokenizer
+        from rllm_core.gateway.router import Upstream
+
+        ups = [UpstreamConfig(url=u) if isinstance(u, str) else u for u in upstreams]
+        router = self._runner.app[ROUTER_KEY] if self._runner is not None else None
+        if router is None:
+            raise ConfigError("the gateway is not running: start it before setting its upstreams")
+        router.replace([Upstream(u, tokenizer=resolve_tokenizer(u.tokenizer)) for u in ups])
+        self.config = self.config.model_copy(update={"upstreams": ups})
+
     def stop(self) -> None:
         loop, runner, thread = self._loop, self._runner, self._thread
         if loop is None or runner is None or thread is None or not thread.is_alive():

@@ -99,6 +99,13 @@ class TrainConfig(BaseModel):
     """Episodes run at once."""
     episode_timeout_s: float | None = None
     """Cancel an episode after this many seconds (scored 'timeout'; the run goes on)."""
+    rollout_workers: int = Field(0, ge=0)
+    """Run episodes in this many Ray actors (0: in this process). Without --ray-address a local Ray cluster is
+    started for the run and stopped after it."""
+    ray_address: str | None = None
+    """An existing Ray cluster for --rollout-workers ('auto', 'HOST:PORT' or 'ray://HOST:PORT')."""
+    gateway_host: str = "127.0.0.1"
+    """Address the run's gateway listens on; Ray workers on other machines need this machine's cluster address."""
     # optimiser
     lr: float = Field(1e-6, gt=0)
     """AdamW learning rate (peak, after warm-up)."""
@@ -149,6 +156,9 @@ class TrainConfig(BaseModel):
                                      ("rejection", self.rejection, REJECTION_MODES)):
             if value not in allowed:
                 raise ValueError(f"{name} {value!r} is not known; choose one of {', '.join(allowed)}")
+        if self.ray_address and not self.rollout_workers:
+            raise ValueError(f"--ray-address {self.ray_address} is only used with --rollout-workers N (N ≥ 1): "
+                             "add it, or drop --ray-address")
         if self.workflow == "none" and not self.agent:
             raise ValueError("workflow 'none' runs your agent as the whole episode: pass --agent module:function")
         return self

@@ -1,7 +1,8 @@
 """The training loop, as a short list of stage calls:
 
-    sample tasks → rollouts (n per task, through the gateway) → rewards → groups → rejection filter
-    → advantages → pack → backend.train_step → backend.sync_weights → metrics → validate → checkpoint
+    sample tasks → rollouts (n per task, through the gateway; the backend's before/after_rollouts around them)
+    → rewards → groups → rejection filter → advantages → pack → backend.train_step (may return a future: the
+    step's episodes are written while the update runs) → backend.sync_weights → metrics → validate → checkpoint
 
 Each stage is one function in this package returning `(output, metrics)`; this module only orders them,
 times them, writes the run directory and shows progress. Errors from one episode never stop a run (the
@@ -12,6 +13,7 @@ error (NaN loss, out of memory) stops the run with the step number, keeping the 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import random
 import time
@@ -23,7 +25,7 @@ from typing import Any
 from rich.console import Console
 
 from rllm_core.algorithms import filter_groups, group_advantages
-from rllm_core.backend import Backend, create_backend
+from rllm_core.backend import Backend, check_capabilities, create_backend, resolve_metrics
 from rllm_core.errors import ConfigError, TrainingError
 from rllm_core.rollout import Rollout
 from rllm_core.training.checkpoints import clean_partial_checkpoints, latest_checkpoint, read_state, save_checkpoint
@@ -31,6 +33,7 @@ from rllm_core.training.config import TrainConfig, load_config
 from rllm_core.training.display import TrainDisplay
 from rllm_core.training.metrics import PhaseTimer, episode_metrics
 from rllm_core.training.packing import pack_groups
+from rllm_core.training.rollouts import RolloutStage
 from rllm_core.training.rundir import RunDir
 from rllm_core.training.setup import apply_benchmark_defaults, resolve_benchmark, resolve_rollout
 from rllm_core.types import Episode, Task, group_trajectories
@@ -66,54 +69,12 @@ def sample_tasks(tasks: Sequence[Task], batch_size: int, seed: int, step: int) -
     return out
 
 
-def _sampling(config: TrainConfig, greedy: bool = False) -> dict[str, Any]:
-    return {"temperature": 0.0 if greedy else config.temperature, "top_p": config.top_p,
-            "max_tokens": config.max_tokens}
-
-
-async def _rollouts(rollout: Rollout, tasks: list[Task], backend: Backend, config: TrainConfig, benchmark: Any,
-                    attempts: int, greedy: bool = False) -> list[Episode]:
-    from rllm_core.engine import run_episodes
-
-    endpoint = backend.policy_endpoint()
-    scorer = None if config.workflow == "none" else benchmark
-    episodes = await run_episodes(rollout, tasks, base_url=endpoint.base_url, model=endpoint.model,
-                                  attempts=attempts, concurrency=config.concurrency,
-                                  sampling=_sampling(config, greedy), benchmark=scorer,
-                                  timeout_s=config.episode_timeout_s, progress=False,
-                                  api_key=endpoint.api_key)
-    if scorer is None:  # the agent scores itself: its Episode.reward, or artifacts["reward"]
-        _self_scored(episodes)
-    return episodes
-
-
-def _self_scored(episodes: list[Episode]) -> None:
-    """Rewards for `--workflow none`; episodes that carry none count 0, and the first time it happens the
-    user hears of it: otherwise an agent that forgot to score trains on flat zeros without a word."""
-    global _warned_no_reward
-    missing = 0
-    for ep in episodes:
-        if ep.reward is None:
-            value = ep.artifacts.get("reward")
-            ep.reward = float(value) if isinstance(value, int | float) else 0.0
-            ep.reward_reason = ep.reward_reason or ("agent_reward" if value is not None else "no_reward")
-            missing += value is None
-    if missing and not _warned_no_reward:
-        _warned_no_reward = True
-        log.warning("--workflow none: %d of %d episodes set no reward (Episode.reward or artifacts['reward']); "
-                    "they count as 0 (metrics: reason/no_reward)", missing, len(episodes))
-
-
-_warned_no_reward = False
-
-
 @dataclass
 class _Stages:
     """What every step needs, bound once: `train_step` and `validate` are the two things the loop repeats."""
 
     config: TrainConfig
-    rollout: Rollout
-    benchmark: Any
+    rollouts: RolloutStage
     backend: Backend
     run: RunDir
     train_tasks: Sequence[Task]
@@ -128,27 +89,33 @@ class _Stages:
             display.phase(f"step {step}: rollouts")
             with timer("rollout"):
                 tasks = sample_tasks(self.train_tasks, config.batch_size, config.seed, step)
-                episodes = await _rollouts(self.rollout, tasks, backend, config, self.benchmark,
-                                           attempts=config.group_size)
+                episodes = await self.rollouts.run(tasks, attempts=config.group_size)
             metrics.update(episode_metrics(episodes))
             groups, filter_metrics = filter_groups(group_trajectories(episodes), config.rejection, episodes)
             metrics.update(filter_metrics)
             rows, pack_metrics = pack_groups(groups, group_advantages(groups, config.algo),
                                              max_tokens=config.max_seq_len, overlong=config.overlong)
             metrics.update(pack_metrics)
+            saved = False
             if not any(r.num_trained_tokens for r in rows):
                 metrics["skipped"] = _skip_reason(episodes, groups, rows)
                 log.info("step %d skipped: %s", step, metrics["skipped"])  # the display prints it once
             else:
                 display.phase(f"step {step}: train on {len(rows)} rows")
                 with timer("train"):
-                    metrics.update(backend.train_step(rows))
+                    update = backend.train_step(rows)  # a remote backend returns at once: overlap our I/O
+                    if config.save_episodes:
+                        self.run.save_episodes(f"step_{step}", episodes)
+                        saved = True
+                    metrics.update(await resolve_metrics(update))
                 display.phase(f"step {step}: sync weights")
                 with timer("sync"):
                     metrics["policy_version"] = backend.sync_weights()
         metrics.update(timer.metrics())
         metrics["throughput/tokens_per_s"] = metrics.get("pack/tokens", 0.0) / max(metrics["time/step_s"], 1e-9)
-        if config.save_episodes:
+        if config.rollout_workers:
+            metrics.update({f"ray/{k}": float(v) for k, v in self.rollouts.ray_stats.items()})
+        if config.save_episodes and not saved:
             self.run.save_episodes(f"step_{step}", episodes)
         self.run.log("train", step, metrics)
         return metrics
@@ -160,12 +127,10 @@ class _Stages:
         timer = PhaseTimer()
         metrics: dict[str, Any] = {}
         with timer("eval"):
-            episodes = await _rollouts(self.rollout, self.val_tasks, self.backend, config, self.benchmark,
-                                       attempts=config.eval_attempts)
+            episodes = await self.rollouts.run(self.val_tasks, attempts=config.eval_attempts)
             metrics.update(episode_metrics(episodes, prefix="val/"))
             if config.eval_greedy:
-                greedy = await _rollouts(self.rollout, self.val_tasks, self.backend, config, self.benchmark,
-                                         attempts=1, greedy=True)
+                greedy = await self.rollouts.run(self.val_tasks, attempts=1, greedy=True)
                 metrics.update(episode_metrics(greedy, prefix="val_greedy/"))
         metrics.update(timer.metrics())
         if config.save_episodes:
@@ -241,11 +206,15 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
                           f"{run.path}`, or pass another --output (or delete the directory)")
     if resume:
         _check_resume_config(run, config)  # before config.yaml is rewritten: a refused resume must not change it
+    backend = backend or create_backend(config.backend, config)
+    check_capabilities(config, backend.capabilities(), backend.name)  # before anything loads or is written
     run.create()
     config.dump_yaml(run.config_file)
-    backend = backend or create_backend(config.backend, config)
     result = TrainResult(run_dir=run.path, steps_done=0, last_checkpoint=None)
+    stage = RolloutStage(config, rollout, benchmark, backend)
+    stack = contextlib.ExitStack()
     try:
+        stack.enter_context(stage)  # connects Ray first (with --rollout-workers): a bad address fails at once
         # a spinner (terminals only) for the seconds before the bar: loading weights, starting the server
         with console.status(f"loading {config.model} and starting its policy server…"):
             backend.setup(config)
@@ -253,7 +222,7 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
             if resume:
                 start, result.last_checkpoint = _resume(run, backend)
         result.steps_done = start
-        stages = _Stages(config, rollout, benchmark, backend, run, train_tasks, val_tasks)
+        stages = _Stages(config, stage, backend, run, train_tasks, val_tasks)
         with TrainDisplay(console, config.max_steps, start, bar=progress) as display:
             if start == 0 and val_tasks:
                 result.evals.append(await stages.validate(0, display))
@@ -283,6 +252,7 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
         raise TrainingError(f"training stopped at step {result.steps_done + 1}: {exc}. {keep}; resume with "
                             f"`rllm train --resume {run.path}` after fixing the cause") from None
     finally:
+        stack.close()
         backend.shutdown()
     return result
 

@@ -19,7 +19,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rllm_core.types import Step, Trajectory, TrajectoryGroup
 
-__all__ = ["OverlongRule", "TrainRow", "pack_groups", "pack_trajectory"]
+__all__ = ["OverlongRule", "TrainRow", "pack_groups", "pack_trajectory", "step_temperature"]
 
 OverlongRule = Literal["truncate", "drop"]
 
@@ -33,8 +33,14 @@ class TrainRow(BaseModel):
     loss_mask: list[int]
     """1 on tokens the policy generated (trained), 0 on prompt / observation tokens."""
     sampling_logprobs: list[float]
-    """Log-prob each trained token was sampled with (0.0 where the mask is 0)."""
+    """Behaviour log-probs: what the sampler reported for each trained token (0.0 where the mask is 0). Kept
+    as sampled even when a backend recomputes π_old, so decoupled PPO / truncated importance sampling can use
+    both."""
     advantages: list[float]
+    old_logprobs: list[float] | None = None
+    """π_old recomputed by a trainer's own forward pass (None: not recomputed; use `sampling_logprobs`)."""
+    temperature: float | None = None
+    """The sampling temperature of the row's steps (None: not recorded; the backend's configured one)."""
     group_id: str = ""
     trajectory_id: str = ""
     policy_version: int | None = None
@@ -45,14 +51,25 @@ class TrainRow(BaseModel):
     @model_validator(mode="after")
     def _check_lengths(self) -> TrainRow:
         n = len(self.tokens)
-        for name in ("loss_mask", "sampling_logprobs", "advantages"):
-            if len(getattr(self, name)) != n:
+        for name in ("loss_mask", "sampling_logprobs", "advantages", "old_logprobs"):
+            if getattr(self, name) is not None and len(getattr(self, name)) != n:
                 raise ValueError(f"TrainRow: {name} has {len(getattr(self, name))} entries for {n} tokens")
         return self
 
     @property
     def num_trained_tokens(self) -> int:
         return sum(self.loss_mask)
+
+    @property
+    def behaviour_logprobs(self) -> list[float]:
+        """The sampler's log-probs (an alias of `sampling_logprobs`, under the name off-policy papers use)."""
+        return self.sampling_logprobs
+
+
+def step_temperature(step: Step) -> float | None:
+    """The temperature a step was sampled at, as its request sent it (None when the request named none)."""
+    value = step.params.get("temperature")
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
 class _Building:
@@ -62,11 +79,15 @@ class _Building:
         self.logprobs = [0.0] * len(self.tokens)
         self.versions: list[int] = []
         self.num_steps = 0
+        self.temperature = step_temperature(step)
         self.add_completion(step)
 
     def extends(self, step: Step) -> bool:
+        """The step continues this row: its prompt starts with the whole row, sampled at the same temperature
+        (one row carries one temperature, so a trainer scores every token at the temperature it was drawn at)."""
         prompt = step.prompt_token_ids or []
-        return len(prompt) >= len(self.tokens) and prompt[: len(self.tokens)] == self.tokens
+        return (len(prompt) >= len(self.tokens) and prompt[: len(self.tokens)] == self.tokens
+                and step_temperature(step) == self.temperature)
 
     def add_observation(self, step: Step) -> None:
         extra = (step.prompt_token_ids or [])[len(self.tokens) :]
@@ -124,6 +145,7 @@ def pack_trajectory(
             tokens=tokens, loss_mask=mask, sampling_logprobs=lps,
             advantages=[advantage * m for m in mask], group_id=group_id, trajectory_id=trajectory.id,
             policy_version=min(b.versions) if b.versions else None, num_steps=b.num_steps,
+            temperature=b.temperature,
         ))
     return rows, metrics
 

@@ -1,0 +1,113 @@
+"""The rollout stage of training: a step's episodes against the backend's current policy.
+
+One gateway serves the whole run, in front of every replica of the backend's `PolicyEndpoint` (sticky
+sessions spread episodes over them); when a sync moves the replicas, the gateway takes the new set. The
+episodes run in this process (`run_episodes`) or, with `rollout_workers > 0`, in Ray actors that reach the
+same gateway over the network (`run_episodes_ray`). Around every batch of rollouts the backend's lifecycle
+hooks run: `before_rollouts` wakes a colocated engine, `after_rollouts` frees it for the update.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import Sequence
+from typing import Any
+
+from rllm_core.backend import Backend, PolicyEndpoint
+from rllm_core.rollout import Rollout
+from rllm_core.training.config import TrainConfig
+from rllm_core.types import Episode, Task
+
+__all__ = ["RolloutStage"]
+
+log = logging.getLogger("rllm.train")
+
+
+class RolloutStage:
+    """Owns the run's gateway (and Ray connection); `await stage.run(tasks, attempts)` gives scored episodes.
+    Use it as a context manager: leaving it stops the gateway and, for a cluster it started, Ray."""
+
+    def __init__(self, config: TrainConfig, rollout: Rollout, benchmark: Any, backend: Backend) -> None:
+        self.config, self.rollout, self.benchmark, self.backend = config, rollout, benchmark, backend
+        self._gateway: Any = None
+        self._upstreams: tuple[str, ...] = ()
+        self._stack = contextlib.ExitStack()
+        self.ray_stats: dict[str, int] = {"retried": 0, "lost": 0}
+
+    def __enter__(self) -> RolloutStage:
+        if self.config.rollout_workers > 0:
+            from rllm_core.distributed import connect_ray
+
+            self._stack.enter_context(connect_ray(self.config.ray_address))
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        if self._gateway is not None:
+            self._gateway.stop()
+            self._gateway = None
+        self._stack.close()
+
+    def _gateway_for(self, endpoint: PolicyEndpoint) -> Any:
+        """The run's gateway, pointed at the endpoint's replicas (started on first use)."""
+        from rllm_core.gateway import start_gateway
+
+        urls = endpoint.upstream_urls
+        if self._gateway is None:
+            self._gateway = start_gateway(endpoint.upstream_configs(), host=self.config.gateway_host)
+        elif urls != self._upstreams:
+            log.info("policy replicas changed: %s → %s", ", ".join(self._upstreams), ", ".join(urls))
+            self._gateway.set_upstreams(endpoint.upstream_configs())
+        self._upstreams = urls
+        return self._gateway
+
+    async def run(self, tasks: Sequence[Task], attempts: int, greedy: bool = False) -> list[Episode]:
+        """Episodes of `tasks` × `attempts` at the training temperature (or greedy), scored."""
+        config = self.config
+        endpoint = self.backend.policy_endpoint()
+        gateway = self._gateway_for(endpoint)
+        scorer = None if config.workflow == "none" else self.benchmark
+        sampling = {"temperature": 0.0 if greedy else config.temperature, "top_p": config.top_p,
+                    "max_tokens": config.max_tokens}
+        common: dict[str, Any] = {"model": endpoint.model, "attempts": attempts, "concurrency": config.concurrency,
+                                  "sampling": sampling, "benchmark": scorer, "timeout_s": config.episode_timeout_s,
+                                  "progress": False}
+        self.backend.before_rollouts()
+        try:
+            if config.rollout_workers > 0:
+                from rllm_core.distributed import run_episodes_ray
+
+                episodes, stats = await run_episodes_ray(self.rollout, list(tasks), workers=config.rollout_workers,
+                                                         gateway=gateway.remote(), **common)
+                self.ray_stats["retried"] += stats.retried
+                self.ray_stats["lost"] += stats.lost
+            else:
+                from rllm_core.engine import run_episodes
+
+                episodes = await run_episodes(self.rollout, list(tasks), gateway=gateway,
+                                              tokenizer=endpoint.tokenizer, **common)
+        finally:
+            self.backend.after_rollouts()
+        if scorer is None:  # the agent scores itself: its Episode.reward, or artifacts["reward"]
+            _self_scored(episodes)
+        return episodes
+
+
+def _self_scored(episodes: list[Episode]) -> None:
+    """Rewards for `--workflow none`; episodes that carry none count 0, and the first time it happens the
+    user hears of it: otherwise an agent that forgot to score trains on flat zeros without a word."""
+    global _warned_no_reward
+    missing = 0
+    for ep in episodes:
+        if ep.reward is None:
+            value = ep.artifacts.get("reward")
+            ep.reward = float(value) if isinstance(value, int | float) else 0.0
+            ep.reward_reason = ep.reward_reason or ("agent_reward" if value is not None else "no_reward")
+            missing += value is None
+    if missing and not _warned_no_reward:
+        _warned_no_reward = True
+        log.warning("--workflow none: %d of %d episodes set no reward (Episode.reward or artifacts['reward']); "
+                    "they count as 0 (metrics: reason/no_reward)", missing, len(episodes))
+
+
+_warned_no_reward = False
