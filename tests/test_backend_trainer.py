@@ -210,3 +210,11 @@ def test_each_row_is_scored_at_its_own_sampling_temperature() -> None:
                for r in rows]
     metrics = TorchTrainer(tiny_model(), cfg(temperature=1.0, micro_batch_size=16)).train_step(shifted)
     assert metrics["train/approx_kl"] == pytest.approx(-0.5, abs=1e-4)  # π_old is the recomputed one
+
+
+def test_pg_loss_metric_adds_up_over_micro_batches() -> None:
+    """train/pg_loss is the batch's policy loss whatever the micro-batch size (no KL term: it equals loss)."""
+    rows, _ = make_rows(tiny_model(), torch.Generator().manual_seed(4))
+    for mb in (16, 3):
+        m = TorchTrainer(tiny_model(), cfg(micro_batch_size=mb)).train_step(rows)
+        assert m["train/pg_loss"] == pytest.approx(m["train/loss"], abs=1e-6), (mb, m)

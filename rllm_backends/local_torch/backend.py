@@ -94,7 +94,9 @@ class LocalTorchBackend(BackendBase):
         """Restore trainer state and push the restored weights into the server (it serves them at once)."""
         self._require()
         self.trainer.load(path)
-        self.sync_weights()
+        state_file = Path(path) / "local_backend.json"
+        saved = json.loads(state_file.read_text()).get("policy_version") if state_file.is_file() else None
+        self.policy_version = int(self.server.update_weights(self.trainer.serving_state_dict(), version=saved))
 
     def shutdown(self) -> None:
         if self.server is not None:

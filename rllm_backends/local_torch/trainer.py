@@ -27,6 +27,9 @@ from rllm_core.training.packing import TrainRow
 
 __all__ = ["TorchTrainer", "check_device", "estimate_step_bytes"]
 
+_BATCH_NORMALISED = frozenset({"pg_loss", "kl"})
+"""Micro-batch metrics divided by the whole batch's denominators (they add up); the rest are micro-batch means."""
+
 _SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 
 
@@ -141,8 +144,8 @@ class TorchTrainer:
                                     "not updated. Check rewards for NaN, lower --lr, or try --no-bf16")
             total_loss += loss
             total_tokens += sum(len(r.tokens) for r in chunk)
-            for k, v in metrics.items():
-                sums[k] = sums.get(k, 0.0) + v * n_tok
+            for k, v in metrics.items():  # pg_loss/kl are already shares of the whole batch; others are means
+                sums[k] = sums.get(k, 0.0) + (v * token_denom if k in _BATCH_NORMALISED else v * n_tok)
         params = [p for p in self.model.parameters() if p.requires_grad]
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
         if not math.isfinite(grad_norm):

@@ -9,16 +9,18 @@ grad), `old_logprobs_BT` those the tokens were sampled with, `mask_BT` 1 on trai
   c = `clip_c` > 1). clip fraction = mean over tokens of [L2 > L1].
 - ``importance_sampling``: L = −A·ρ (no clipping; tinker's `importance_sampling` loss).
 - ``gspo``: sequence ratio s_i = exp(mean_t(logπ − logπ_old)) (clamped at log 10), carried per token as
-  exp(logπ − sg(logπ) + sg(log s_i)), then the PPO clip with ε_low/ε_high. verl forces
-  `seq-mean-token-mean` aggregation for GSPO; we use the `agg` you pass (pass that mode to match verl).
+  exp(logπ − sg(logπ) + sg(log s_i)), then the PPO clip with ε_low/ε_high, aggregated by the `agg` you pass
+  (as verl 0.9.1 does). We clamp each token's log-ratio at ±20 before the mean; verl does not (it matters only
+  past |log-ratio| > 20).
 
 Aggregation (`agg`), with M the mask:
 - ``token-mean``            Σ L·M / Σ M                                   (verl default; DAPO)
 - ``seq-mean-token-sum``    mean_i Σ_t L·M                                 (sum per sequence, mean over rows)
 - ``seq-mean-token-mean``   mean_i (Σ_t L·M / Σ_t M)                       (original GRPO)
 - ``seq-mean-token-sum-norm`` Σ_i Σ_t L·M / (B · T_norm), T_norm = `norm_tokens` or T   (Dr. GRPO)
-  (verl's `agg_loss` divides by T_norm only, so its loss grows with the batch size B; we also divide by B so
-  that the gradient scale, and thus the learning rate, does not depend on the batch size. verl = ours · B.)
+  (we divide by B as well as T_norm, so the gradient scale, and thus the learning rate, does not depend on the
+  batch size; verl 0.9.1's `agg_loss` does the same with `loss_scale_factor` = T_norm, older verl divided by
+  T_norm only. tests/test_verl_losses.py pins the equality.)
 
 `token_denominator` / `seq_denominator` replace the local Σ M / row count so that gradient accumulation over
 micro-batches gives exactly the full-batch loss.

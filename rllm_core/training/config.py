@@ -46,7 +46,11 @@ class TrainConfig(BaseModel):
     backend_options: dict[str, Any] = Field(default_factory=dict)
     """Backend-specific settings passed through untouched (YAML/TOML only; e.g. a verl or tinker section)."""
     device: str = "cpu"
-    """'cpu', 'cuda' or 'cuda:N' (local backend)."""
+    """'cpu', 'cuda' or 'cuda:N' (local backend); 'cpu' or 'cuda' (verl)."""
+    n_gpus: int = Field(1, ge=1)
+    """GPUs per node for backends that train on a cluster (verl); ignored by the local backend."""
+    nnodes: int = Field(1, ge=1)
+    """Nodes of --n-gpus GPUs each (verl)."""
     bf16: bool = False
     """bf16 autocast for forward/backward; master weights and optimizer stay fp32."""
     gradient_checkpointing: bool = False

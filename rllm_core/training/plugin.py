@@ -37,8 +37,8 @@ def _cli_type(annotation: Any) -> Any:
 
 _PANELS: dict[str, tuple[str, ...]] = {
     "What to train on": ("agent", "workflow", "train_split", "val_split", "data_dir", "max_train_examples"),
-    "Model and backend": ("model", "backend", "device", "bf16", "gradient_checkpointing", "lora_rank",
-                          "lora_alpha"),
+    "Model and backend": ("model", "backend", "device", "n_gpus", "nnodes", "bf16", "gradient_checkpointing",
+                          "lora_rank", "lora_alpha"),
     "Algorithm": ("algo", "loss", "agg", "clip_low", "clip_high", "clip_c", "kl_coef", "kl_type", "rejection",
                   "recompute_old_logprobs"),
     "Batch and sampling": ("group_size", "batch_size", "micro_batch_size", "max_seq_len", "overlong", "temperature",

@@ -33,7 +33,8 @@ class RolloutStage:
         self._gateway: Any = None
         self._upstreams: tuple[str, ...] = ()
         self._stack = contextlib.ExitStack()
-        self.ray_stats: dict[str, int] = {"retried": 0, "lost": 0}
+        self.ray_stats: dict[str, int] = {"retried": 0, "lost": 0, "worker_deaths": 0}
+        """Running totals over the run (episodes retried / lost when a Ray worker died), logged as ray/*."""
 
     def __enter__(self) -> RolloutStage:
         if self.config.rollout_workers > 0:
@@ -77,10 +78,12 @@ class RolloutStage:
             if config.rollout_workers > 0:
                 from rllm_core.distributed import run_episodes_ray
 
-                episodes, stats = await run_episodes_ray(self.rollout, list(tasks), workers=config.rollout_workers,
-                                                         gateway=gateway.remote(), **common)
-                self.ray_stats["retried"] += stats.retried
-                self.ray_stats["lost"] += stats.lost
+                ray_episodes = await run_episodes_ray(self.rollout, list(tasks), workers=config.rollout_workers,
+                                                      gateway=gateway.remote(), **common)
+                self.ray_stats["retried"] += ray_episodes.stats.retried
+                self.ray_stats["lost"] += ray_episodes.stats.lost
+                self.ray_stats["worker_deaths"] += ray_episodes.stats.worker_deaths
+                episodes = list(ray_episodes)
             else:
                 from rllm_core.engine import run_episodes
 

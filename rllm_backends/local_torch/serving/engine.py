@@ -37,9 +37,10 @@ log = logging.getLogger("rllm.serving.engine")
 
 
 class _WeightUpdate:
-    def __init__(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+    def __init__(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
         self.state_dict = state_dict
         self.done = threading.Event()
+        self.target = version
         self.version: int | None = None
         self.error: BaseException | None = None
 
@@ -81,12 +82,14 @@ class DecodeEngine:
             self._waiting.append(request)
             self._cond.notify()
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], timeout: float | None = None) -> int:
-        """Swap weights once running sequences finish; returns the new policy version.
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], timeout: float | None = None,
+                       version: int | None = None) -> int:
+        """Swap weights once running sequences finish; returns the new policy version (the old one + 1, or
+        `version` when given: a resumed run serves its checkpoint's version, not 1).
 
         On timeout the update is withdrawn (never applied later) and admissions resume.
         """
-        upd = _WeightUpdate(state_dict)
+        upd = _WeightUpdate(state_dict, version)
         with self._cond:
             if self._stopping or not self._thread.is_alive():
                 raise RuntimeError("the policy server is stopped; start a new one to serve new weights")
@@ -185,7 +188,7 @@ class DecodeEngine:
                 upd = self._updates.popleft()
             try:
                 self._load_state_dict(upd.state_dict)
-                self.policy_version += 1
+                self.policy_version = self.policy_version + 1 if upd.target is None else upd.target
                 upd.version = self.policy_version
             except BaseException as exc:  # reported to the caller, never kills the engine
                 upd.error = exc

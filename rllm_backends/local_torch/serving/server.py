@@ -50,14 +50,15 @@ class RunningPolicyServer:
     def loaded(self) -> LoadedModel:
         return self.engine.loaded
 
-    def update_weights(self, state_dict: Mapping[str, torch.Tensor], timeout: float | None = None) -> int:
+    def update_weights(self, state_dict: Mapping[str, torch.Tensor], timeout: float | None = None,
+                       version: int | None = None) -> int:
         """Copy `state_dict` into the served model between decode steps and return the new policy version.
 
         Admissions pause while running sequences finish on the old weights, so every completion comes from a
         single policy version (the one its response reports). Keys must be parameter names of the served
         model; a subset is fine (e.g. only the trained ones).
         """
-        return self.engine.update_weights(state_dict, timeout=timeout)
+        return self.engine.update_weights(state_dict, timeout=timeout, version=version)
 
     def upstream_config(self) -> Any:
         """This server as a gateway upstream, with token-id injection on (same as `VLLMServer.upstream_config`)."""

@@ -1,0 +1,128 @@
+"""verl's own GPU machinery, assembled for rllm: the hybrid-engine actor/rollout worker group on Ray, its
+vLLM/SGLang server replicas, and its checkpoint engine for weight sync.
+
+This mirrors what ``RayPPOTrainer.init_workers`` (``verl/trainer/ppo/ray_trainer.py:772-981``) builds for the
+actor, minus everything rllm does itself (datasets, reward loop, agent loop manager, critic): rollouts come
+from rllm's gateway, which sends them to the replicas' OpenAI servers (`server_urls`); advantages are rllm's.
+
+    ResourcePoolManager({"global_pool": [n_gpus_per_node] * nnodes}) → RayWorkerGroup of
+    ActorRolloutRefWorker (role actor_rollout) → init_model → LLMServerManager.create (the replicas)
+    → CheckpointEngineManager(actor_wg, replicas) (hybrid engine: weights move with verl's own sync)
+
+Per step the backend calls `wake` (replicas hold weights + KV cache), rollouts run, `sleep` frees the
+replicas' memory, `update(batch_td)` runs verl's update, `sync(step)` pushes the new weights into the
+replicas (``CheckpointEngineManager.update_weights``, which also wakes them). Needs GPUs, vLLM or SGLang and
+verl's full install; nothing here is imported on CPU-only paths.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from rllm_core.errors import ConfigError
+
+if TYPE_CHECKING:
+    from omegaconf import DictConfig
+
+__all__ = ["VerlGpuCluster", "check_gpus"]
+
+ACTOR_ROLE = "actor_rollout"
+
+
+def check_gpus(needed: int, available: float) -> None:
+    """Refuse, with both numbers, a run that asks for more GPUs than the Ray cluster has."""
+    if needed > available:
+        raise ConfigError(f"--n-gpus asks for {needed} GPU(s) but the Ray cluster has {available:g}: lower "
+                          "--n-gpus (GPUs per node × --nnodes), or add GPU nodes to the cluster")
+
+
+class VerlGpuCluster:
+    """The actor worker group, replicas and checkpoint engine of one verl config (see the module docstring)."""
+
+    def __init__(self, config: DictConfig) -> None:
+        import ray
+        from verl.checkpoint_engine import CheckpointEngineManager
+        from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager
+        from verl.single_controller.ray.base import create_colocated_worker_cls
+        from verl.trainer.ppo.ray_trainer import Role
+        from verl.utils.config import omega_conf_to_dataclass
+        from verl.workers.engine_workers import ActorRolloutRefWorker
+        from verl.workers.rollout.llm_server import LLMServerManager
+
+        trainer = config.trainer
+        check_gpus(int(trainer.n_gpus_per_node) * int(trainer.nnodes), float(ray.cluster_resources().get("GPU", 0)))
+        self.config = config
+        pools = ResourcePoolManager(resource_pool_spec={"global_pool": [int(trainer.n_gpus_per_node)]
+                                                        * int(trainer.nnodes)},
+                                    mapping={Role.ActorRollout: "global_pool"})
+        pools.create_resource_pool()
+        pool = pools.get_resource_pool(Role.ActorRollout)
+        actor_cls = RayClassWithInitArgs(cls=ray.remote(ActorRolloutRefWorker), config=config.actor_rollout_ref,
+                                         role=ACTOR_ROLE)
+        group = RayWorkerGroup(resource_pool=pool, ray_cls_with_init=create_colocated_worker_cls(
+            class_dict={ACTOR_ROLE: actor_cls}), device_name=str(trainer.device))
+        self.actor_wg: Any = group.spawn(prefix_set=[ACTOR_ROLE])[ACTOR_ROLE]
+        self.actor_wg.init_model()
+        self.servers: Any = LLMServerManager.create(config=config, worker_group=self.actor_wg,
+                                                    rollout_resource_pool=pool)
+        self.checkpoints: Any = CheckpointEngineManager(
+            config=omega_conf_to_dataclass(config.actor_rollout_ref.rollout.checkpoint_engine),
+            actor_wg=self.actor_wg, replicas=self.servers.get_replicas())
+        self.checkpoints.sleep_replicas()  # as verl does: asleep until the first sync loads the weights
+        self.awake = False
+
+    @property
+    def server_urls(self) -> tuple[str, ...]:
+        """The replicas' OpenAI-compatible base URLs (verl reports them as host:port)."""
+        return tuple(f"http://{address}/v1" for address in self.servers.server_addresses)
+
+    def wake(self) -> None:
+        if not self.awake:
+            self.checkpoints.wake_up_replicas()
+            self.awake = True
+
+    def sleep(self) -> None:
+        if self.awake:
+            self.checkpoints.sleep_replicas()
+            self.awake = False
+
+    def sync(self, step: int) -> None:
+        """verl's weight sync (hybrid engine / checkpoint engine): the replicas serve the actor's new weights."""
+        self.checkpoints.update_weights(step)
+        self.awake = True
+
+    def old_log_probs(self, batch_td: Any) -> Any:
+        """π_old from the actor (verl's compute_log_prob on a no-padding TensorDict)."""
+        from verl.utils import tensordict_utils as tu
+
+        tu.assign_non_tensor(batch_td, calculate_entropy=False, compute_loss=False)
+        return tu.get(self.actor_wg.compute_log_prob(batch_td), "log_probs")
+
+    def update(self, batch_td: Any) -> dict[str, float]:
+        """One verl update (a single mini-batch, one epoch: one optimizer step, as rllm's loop expects)."""
+        from verl.utils import tensordict_utils as tu
+
+        output = self.actor_wg.update_actor(batch_td)
+        return {f"train/{k}": _scalar(v) for k, v in tu.get(output, "metrics").items()}
+
+    def save(self, path: str, step: int) -> None:
+        self.actor_wg.save_checkpoint(path, hdfs_path=None, global_step=step, max_ckpt_to_keep=None)
+
+    def load(self, path: str) -> None:
+        self.actor_wg.load_checkpoint(path, hdfs_path=None, del_local_after_load=False)
+
+    def shutdown(self) -> None:
+        """Stop the replicas and workers (Ray itself belongs to whoever connected it)."""
+        import ray
+
+        for handle in list(getattr(self.servers, "server_handles", []) or []):
+            ray.kill(handle)
+        for worker in list(getattr(self.actor_wg, "workers", []) or []):
+            ray.kill(worker)
+
+
+def _scalar(value: Any) -> float:
+    """verl metrics are floats or lists of per-micro-batch floats: rllm logs their mean."""
+    if isinstance(value, list | tuple):
+        return float(sum(value) / len(value)) if value else 0.0
+    return float(value)

@@ -1,0 +1,137 @@
+"""The verl backend on this CPU, end to end: verl's own TrainingWorker (FSDP2, gloo) in a Ray actor trains
+tiny-random from rllm's rows; the same rows give the same loss and grad norm on the local torch backend;
+`rllm train arithmetic --backend verl` runs 2 steps, checkpoints and resumes; the shared backend contract
+passes; bad input (unsupported loss, verl version, too many GPUs) is refused by name."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("verl")
+pytest.importorskip("ray")
+
+from typer.testing import CliRunner
+
+from rllm_core.backend import Backend, resolve_metrics
+from rllm_core.errors import ConfigError
+from rllm_core.testing.backend_contract import BackendContract, sample_rows
+from rllm_core.training.config import TrainConfig
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def ray_cluster() -> Iterator[None]:
+    """One local Ray cluster for this module (each backend then only starts its actor); always stopped."""
+    os.environ.setdefault("RAY_AUTH_MODE", "disabled")
+    from rllm_core.distributed import connect_ray
+
+    with connect_ray(None, num_cpus=2):
+        yield
+
+
+def _config(tmp_path: Path, **kw: object) -> TrainConfig:
+    base: dict[str, object] = {"model": "tiny-random", "backend": "verl", "temperature": 1.0, "max_tokens": 6,
+                               "lr": 1e-2, "max_steps": 4, "micro_batch_size": 3, "max_grad_norm": 1e6,
+                               "output": str(tmp_path / "run")}
+    base.update(kw)
+    return TrainConfig(**base)  # type: ignore[arg-type]
+
+
+def _step(backend: Backend, rows: list) -> dict[str, float]:
+    return asyncio.run(resolve_metrics(backend.train_step(rows)))
+
+
+def test_verl_update_equals_the_local_backend_on_the_same_rows(tmp_path: Path, ray_cluster: None) -> None:
+    from rllm_backends.local_torch.backend import LocalTorchBackend
+    from rllm_backends.verl.backend import VerlBackend
+
+    config = _config(tmp_path)
+    local, verl = LocalTorchBackend(), VerlBackend(config)
+    try:
+        local.setup(config.model_copy(update={"backend": "local"}))
+        verl.setup(config)
+        rows = sample_rows(local, n=5, max_tokens=config.max_tokens)  # 5 rows, micro-batches of 3: uneven
+        ours, theirs = _step(local, rows), _step(verl, rows)
+        assert theirs["train/loss"] == pytest.approx(ours["train/loss"], abs=1e-5), (ours, theirs)
+        assert theirs["train/grad_norm"] == pytest.approx(ours["train/grad_norm"], rel=1e-4), (ours, theirs)
+        assert theirs["train/grad_norm"] > 0
+        version = verl.sync_weights()
+        assert version == 1 and verl.policy_endpoint().policy_version == 1
+        # the policy server now samples from verl's updated weights: its logprobs are the trained model's
+        local.sync_weights()
+        again = sample_rows(verl, n=2, max_tokens=config.max_tokens)
+        assert again and all(r.num_trained_tokens for r in again)
+    finally:
+        local.shutdown()
+        verl.shutdown()
+
+
+def test_rllm_train_arithmetic_with_verl_then_resume(tmp_path: Path, ray_cluster: None) -> None:
+    from rllm_core.cli.app import build_app
+    from rllm_core.training.rundir import RunDir
+
+    app = build_app()
+    out = tmp_path / "arith-verl"
+    common = ["--model", "tiny-random", "--batch-size", "2", "--group-size", "2", "--eval-examples", "0",
+              "--max-tokens", "6", "--no-progress"]
+    res = CliRunner().invoke(app, ["train", "arithmetic", "--backend", "verl", "--max-steps", "2", "--output",
+                                   str(out), *common])
+    assert res.exit_code == 0, res.output
+    records = [m for m in RunDir(out).read_metrics() if m["kind"] == "train"]
+    assert [m["step"] for m in records] == [1, 2] and [m["policy_version"] for m in records] == [1, 2]
+    assert all("train/loss" in m and "train/grad_norm" in m for m in records)
+    assert (out / "checkpoints" / "step_2" / "verl_actor").is_dir()
+    res = CliRunner().invoke(app, ["train", "--resume", str(out), "--max-steps", "3", "--no-progress"])
+    assert res.exit_code == 0, res.output
+    records = [m for m in RunDir(out).read_metrics() if m["kind"] == "train"]
+    assert [m["step"] for m in records] == [1, 2, 3] and records[-1]["policy_version"] == 3
+
+
+class TestVerlBackendContract(BackendContract):
+    @pytest.fixture(autouse=True)
+    def _ray(self, ray_cluster: None) -> None:
+        return None
+
+    def make_backend(self, tmp_path: Path) -> tuple[Backend, TrainConfig]:
+        from rllm_backends.verl.backend import VerlBackend
+
+        config = _config(tmp_path, lr=1e-3)
+        return VerlBackend(config), config
+
+
+def test_refusals_name_the_option(tmp_path: Path) -> None:
+    from rllm_backends.verl.backend import VerlBackend
+    from rllm_backends.verl.gpu_cluster import check_gpus
+    from rllm_core.backend import check_capabilities
+
+    with pytest.raises(ConfigError, match="loss 'importance_sampling'"):
+        VerlBackend(_config(tmp_path, loss="importance_sampling"))
+    with pytest.raises(ConfigError, match="lr_schedule 'linear'"):
+        VerlBackend(_config(tmp_path, lr_schedule="linear"))
+    backend = VerlBackend(_config(tmp_path))
+    with pytest.raises(ConfigError, match="--lora-rank 8"):
+        check_capabilities(_config(tmp_path, lora_rank=8), backend.capabilities(), backend.name)
+    with pytest.raises(ConfigError, match=r"asks for 8 GPU.*has 0"):
+        check_gpus(8, 0.0)
+
+
+def test_verl_missing_or_out_of_range_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata as md
+
+    from rllm_backends.verl import backend as verl_backend
+
+    def missing(name: str) -> str:
+        raise md.PackageNotFoundError(name)
+
+    monkeypatch.setattr(md, "version", missing)
+    with pytest.raises(ConfigError, match=r'pip install "rllm\[verl\]"'):
+        verl_backend.require_verl()
+    monkeypatch.setattr(md, "version", lambda name: "0.10.0")
+    with pytest.raises(ConfigError, match=r"verl 0\.10\.0 is not supported.*>=0\.9,<0\.10"):
+        verl_backend.require_verl()
