@@ -35,6 +35,13 @@ def eval_command(
     timeout: float | None = typer.Option(None, "--timeout", help="Seconds per episode before it is stopped."),
     seed: int = typer.Option(0, "--seed", help="Seed for generated benchmarks."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
+    rollout_workers: int = typer.Option(
+        0, "--rollout-workers", help="Run the episodes in N Ray worker processes (0: in this process).",
+    ),
+    ray_address: str | None = typer.Option(
+        None, "--ray-address",
+        help="Ray cluster for --rollout-workers: 'auto', 'host:port' or 'ray://host:port' (default: a local one).",
+    ),
 ) -> None:
     """Evaluate on a benchmark; writes episodes.jsonl and summary.json, prints a short table."""
     api_key = None
@@ -48,7 +55,8 @@ def eval_command(
         opts = EvalOptions(benchmark=benchmark, split=split, max_examples=max_examples, base_url=base_url,
                            model=model, api_key=api_key, attempts=attempts, concurrency=concurrency, agent=agent,
                            workflow=workflow, output=output, data_dir=data_dir, max_tokens=max_tokens,
-                           temperature=temperature, timeout_s=timeout, seed=seed, progress=not no_progress)
+                           temperature=temperature, timeout_s=timeout, seed=seed, progress=not no_progress,
+                           rollout_workers=rollout_workers, ray_address=ray_address)
         result = run_eval(opts)
     except RLLMError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
@@ -57,4 +65,9 @@ def eval_command(
         typer.secho(str(exc) or "interrupted", fg=typer.colors.YELLOW, err=True)
         raise typer.Exit(130) from None
     print_summary(result.summary)
+    ray_stats = result.summary.config.get("ray")
+    if ray_stats:
+        n = ray_stats["workers"]
+        typer.echo(f"ray: {n} worker{'' if n == 1 else 's'}, {ray_stats['worker_deaths']} died, "
+                   f"{ray_stats['retried']} episodes retried, {ray_stats['lost']} lost")
     typer.echo(f"episodes: {result.episodes_path}\nsummary:  {result.summary_path}")

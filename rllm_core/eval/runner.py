@@ -3,14 +3,19 @@
 Everything that can be wrong with the input is checked before the first episode: the benchmark name, its
 data, the agent or workflow, the endpoint. Then the engine runs the episodes (a crash or timeout becomes
 an episode with that reason) and each finished episode is appended to episodes.jsonl as it completes.
+
+With `rollout_workers > 0` the episodes run in that many Ray actors (`rllm_core.distributed`) on a local
+cluster started for the run, or on `ray_address`; the in-process gateway in front of the endpoint records
+them, and summary.json's config["ray"] says how many workers died and what that cost (retried / lost).
 """
 
 from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict
 
@@ -18,11 +23,14 @@ from rllm_core.benchmarks.registry import get_benchmark
 from rllm_core.engine import run_episodes
 from rllm_core.errors import ConfigError
 from rllm_core.eval.agent import load_agent
-from rllm_core.eval.endpoint import open_endpoint
+from rllm_core.eval.endpoint import Endpoint, open_endpoint
 from rllm_core.eval.summary import EvalSummary, summarize
 from rllm_core.io import append_jsonl
 from rllm_core.rollout import Rollout
-from rllm_core.types import Episode
+from rllm_core.types import Episode, Task
+
+if TYPE_CHECKING:
+    from rllm_core.benchmarks.base import Benchmark
 
 __all__ = ["EvalOptions", "EvalResult", "run_eval"]
 
@@ -48,6 +56,10 @@ class EvalOptions(BaseModel):
     timeout_s: float | None = None
     seed: int = 0
     progress: bool = True
+    rollout_workers: int = 0
+    """Ray workers to run the episodes in; 0 runs them in this process."""
+    ray_address: str | None = None
+    """The Ray cluster for rollout_workers ('auto', 'host:port', 'ray://host:port'); None: a local one."""
 
 
 class EvalResult(BaseModel):
@@ -86,11 +98,21 @@ def _check_numbers(opts: EvalOptions) -> None:
         raise ConfigError(f"--temperature must be 0 or more (got {opts.temperature}); 0 is greedy")
     if opts.timeout_s is not None and opts.timeout_s <= 0:
         raise ConfigError(f"--timeout must be a positive number of seconds (got {opts.timeout_s})")
+    if opts.rollout_workers < 0:
+        raise ConfigError(f"--rollout-workers must be 0 or more (got {opts.rollout_workers}); 0 runs the "
+                          "episodes in this process")
+    if opts.ray_address is not None and opts.rollout_workers == 0:
+        raise ConfigError(f"--ray-address {opts.ray_address} needs --rollout-workers N (how many Ray workers "
+                          "run the episodes); without it the episodes run in this process and Ray is not used")
 
 
 def run_eval(opts: EvalOptions) -> EvalResult:
     """Check every input, open the endpoint, run the episodes, write episodes.jsonl and summary.json."""
     _check_numbers(opts)
+    if opts.ray_address is not None:  # a wrong address fails in seconds, before data or endpoint are touched
+        from rllm_core.distributed import check_ray_address
+
+        check_ray_address(opts.ray_address)
     bench = get_benchmark(opts.benchmark)
     tasks = bench.load(split=opts.split, data_dir=str(opts.data_dir) if opts.data_dir else None,
                        max_examples=opts.max_examples, seed=opts.seed)
@@ -108,13 +130,17 @@ def run_eval(opts: EvalOptions) -> EvalResult:
             append_jsonl(episodes_path, ep)
 
         started = time.monotonic()
+        ray_stats: dict[str, Any] | None = None
         try:
-            episodes = asyncio.run(run_episodes(
-                rollout, tasks, base_url=endpoint.base_url, model=endpoint.model, api_key=endpoint.api_key,
-                attempts=opts.attempts, concurrency=opts.concurrency, sampling=sampling, benchmark=bench,
-                timeout_s=opts.timeout_s, progress=opts.progress, on_episode=save,
-                description=f"{bench.name} · {endpoint.model}",
-            ))
+            if opts.rollout_workers:
+                episodes, ray_stats = _run_on_ray(opts, rollout, tasks, endpoint, sampling, bench, save)
+            else:
+                episodes = asyncio.run(run_episodes(
+                    rollout, tasks, base_url=endpoint.base_url, model=endpoint.model, api_key=endpoint.api_key,
+                    attempts=opts.attempts, concurrency=opts.concurrency, sampling=sampling, benchmark=bench,
+                    timeout_s=opts.timeout_s, progress=opts.progress, on_episode=save,
+                    description=f"{bench.name} · {endpoint.model}",
+                ))
         except KeyboardInterrupt:
             done = sum(1 for line in episodes_path.read_text(encoding="utf-8").splitlines() if line.strip())
             raise KeyboardInterrupt(f"interrupted: {done} of {len(tasks) * opts.attempts} episodes finished, "
@@ -122,7 +148,42 @@ def run_eval(opts: EvalOptions) -> EvalResult:
         wall = time.monotonic() - started
     config = opts.model_dump(mode="json", exclude={"api_key"})
     config.update(temperature=temperature, rollout=rollout.name, endpoint_source=endpoint.source)
+    if ray_stats is not None:
+        config["ray"] = ray_stats
     summary = summarize(episodes, benchmark=bench.name, split=opts.split, model=endpoint.model,
                         attempts=opts.attempts, wall_time_s=wall, base_url=endpoint.base_url, config=config)
     summary_path.write_text(summary.model_dump_json(indent=2) + "\n", encoding="utf-8")
     return EvalResult(summary=summary, output_dir=out, episodes_path=episodes_path, summary_path=summary_path)
+
+
+def _run_on_ray(opts: EvalOptions, rollout: Rollout, tasks: list[Task], endpoint: Endpoint,
+                sampling: dict[str, Any], bench: Benchmark, save: Callable[[Episode], None],
+                ) -> tuple[list[Episode], dict[str, Any]]:
+    """The episodes on Ray workers, recorded by a gateway in this process; returns them and the Ray counts.
+
+    On one machine the shared gateway on 127.0.0.1 serves the workers. A cluster with other nodes gets a
+    gateway of its own on every interface, behind a random bearer token, at this node's cluster address.
+    """
+    from rllm_core.distributed import connect_ray, run_episodes_ray, worker_gateway_bind, worker_gateway_client
+    from rllm_core.gateway import GatewayHandle, UpstreamConfig, shared_gateway, start_gateway
+
+    upstream = UpstreamConfig(url=endpoint.base_url, api_key=endpoint.api_key)
+    with connect_ray(opts.ray_address) as conn:
+        own: GatewayHandle | None = None
+        if conn.single_node:
+            gateway = shared_gateway([upstream]).remote()
+        else:
+            host, token = worker_gateway_bind(conn)
+            own = start_gateway([upstream], host=host, api_key=token)
+            gateway = worker_gateway_client(own, conn)
+        try:
+            episodes = asyncio.run(run_episodes_ray(
+                rollout, tasks, workers=opts.rollout_workers, gateway=gateway, model=endpoint.model,
+                attempts=opts.attempts, concurrency=opts.concurrency, sampling=sampling, benchmark=bench,
+                timeout_s=opts.timeout_s, progress=opts.progress, on_episode=save,
+                description=f"{bench.name} · {endpoint.model} · ray×{opts.rollout_workers}",
+            ))
+        finally:
+            if own is not None:
+                own.stop()
+    return list(episodes), {"address": conn.address, **episodes.stats.as_dict()}

@@ -108,8 +108,6 @@ class TrainConfig(BaseModel):
     started for the run and stopped after it."""
     ray_address: str | None = None
     """An existing Ray cluster for --rollout-workers ('auto', 'HOST:PORT' or 'ray://HOST:PORT')."""
-    gateway_host: str = "127.0.0.1"
-    """Address the run's gateway listens on; Ray workers on other machines need this machine's cluster address."""
     # optimiser
     lr: float = Field(1e-6, gt=0)
     """AdamW learning rate (peak, after warm-up)."""

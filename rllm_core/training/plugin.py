@@ -43,7 +43,7 @@ _PANELS: dict[str, tuple[str, ...]] = {
                   "recompute_old_logprobs"),
     "Batch and sampling": ("group_size", "batch_size", "micro_batch_size", "max_seq_len", "overlong", "temperature",
                            "top_p", "max_tokens", "concurrency", "episode_timeout_s"),
-    "Distributed (Ray)": ("rollout_workers", "ray_address", "gateway_host"),
+    "Distributed (Ray)": ("rollout_workers", "ray_address"),
     "Optimizer": ("lr", "weight_decay", "warmup_steps", "lr_schedule", "max_grad_norm"),
 }
 """Help panels of `rllm train --help`: some 50 options in one table are hard to scan, and one table takes the

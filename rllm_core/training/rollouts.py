@@ -33,6 +33,7 @@ class RolloutStage:
         self._gateway: Any = None
         self._upstreams: tuple[str, ...] = ()
         self._stack = contextlib.ExitStack()
+        self._ray: Any = None  # the RayConnection with --rollout-workers
         self.ray_stats: dict[str, int] = {"retried": 0, "lost": 0, "worker_deaths": 0}
         """Running totals over the run (episodes retried / lost when a Ray worker died), logged as ray/*."""
 
@@ -40,7 +41,7 @@ class RolloutStage:
         if self.config.rollout_workers > 0:
             from rllm_core.distributed import connect_ray
 
-            self._stack.enter_context(connect_ray(self.config.ray_address))
+            self._ray = self._stack.enter_context(connect_ray(self.config.ray_address))
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -51,11 +52,13 @@ class RolloutStage:
 
     def _gateway_for(self, endpoint: PolicyEndpoint) -> Any:
         """The run's gateway, pointed at the endpoint's replicas (started on first use)."""
+        from rllm_core.distributed.ray_gateway import worker_gateway_bind
         from rllm_core.gateway import start_gateway
 
         urls = endpoint.upstream_urls
-        if self._gateway is None:
-            self._gateway = start_gateway(endpoint.upstream_configs(), host=self.config.gateway_host)
+        if self._gateway is None:  # loopback, unless Ray workers on other nodes must reach it
+            host, token = worker_gateway_bind(self._ray)
+            self._gateway = start_gateway(endpoint.upstream_configs(), host=host, api_key=token)
         elif urls != self._upstreams:
             log.info("policy replicas changed: %s → %s", ", ".join(self._upstreams), ", ".join(urls))
             self._gateway.set_upstreams(endpoint.upstream_configs())
@@ -76,10 +79,10 @@ class RolloutStage:
         self.backend.before_rollouts()
         try:
             if config.rollout_workers > 0:
-                from rllm_core.distributed import run_episodes_ray
+                from rllm_core.distributed import run_episodes_ray, worker_gateway_client
 
                 ray_episodes = await run_episodes_ray(self.rollout, list(tasks), workers=config.rollout_workers,
-                                                      gateway=gateway.remote(), **common)
+                                                      gateway=worker_gateway_client(gateway, self._ray), **common)
                 self.ray_stats["retried"] += ray_episodes.stats.retried
                 self.ray_stats["lost"] += ray_episodes.stats.lost
                 self.ray_stats["worker_deaths"] += ray_episodes.stats.worker_deaths
