@@ -22,7 +22,7 @@ def _data_dir(shared_data_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 def _offline_names() -> list[str]:
     import os
 
-    from tests.conftest import SHARED_DATA
+    from conftest import SHARED_DATA  # not `tests.conftest`: verl's wheel installs a top-level `tests` package
 
     os.environ.setdefault("RLLM_DATA_DIR", str(SHARED_DATA))
     return [b.name for b in list_benchmarks() if b.offline]

@@ -135,3 +135,18 @@ def test_verl_missing_or_out_of_range_is_refused(monkeypatch: pytest.MonkeyPatch
     monkeypatch.setattr(md, "version", lambda name: "0.10.0")
     with pytest.raises(ConfigError, match=r"verl 0\.10\.0 is not supported.*>=0\.9,<0\.10"):
         verl_backend.require_verl()
+
+
+def test_device_follows_the_gpus_asked_for_unless_given() -> None:
+    from rllm_backends.verl.backend import VerlBackend
+    from rllm_core.training.config import load_config
+
+    asked = load_config(None, backend="verl", model="Qwen/Qwen2.5-1.5B-Instruct", n_gpus=8)  # the command
+    backend = VerlBackend(asked)
+    assert backend.placement == "cuda" and asked.device == "cuda" and backend.capabilities().colocated
+    explicit = load_config(None, backend="verl", n_gpus=8, device="cpu")
+    assert VerlBackend(explicit).placement == "cpu"
+    plain = load_config(None, backend="verl", model="tiny-random")  # no GPU on this machine: the CPU path
+    import torch
+
+    assert VerlBackend(plain).placement == ("cuda" if torch.cuda.is_available() else "cpu")

@@ -63,6 +63,7 @@ class VerlBackend(BackendBase):
 
         self.verl_version = require_verl()
         self.config = config
+        _resolve_device(config)
         self.placement = config.device.split(":", 1)[0]
         if self.placement not in ("cpu", "cuda"):
             raise ConfigError(f"--device {config.device}: the verl backend runs on cpu or cuda")
@@ -267,6 +268,25 @@ class VerlBackend(BackendBase):
         if self._ray is not None:
             self._ray.__exit__(None, None, None)
             self._ray = None
+
+
+def _resolve_device(config: TrainConfig) -> None:
+    """`rllm train gsm8k --backend verl --n-gpus 8` means the GPU path: without an explicit --device, verl runs
+    on cuda when GPUs were asked for (--n-gpus / --nnodes) or torch sees one, else on the CPU. The choice is
+    written into the config (and so into the run's config.yaml), so a --resume keeps it."""
+    if "device" in config.model_fields_set:
+        return
+    asked = bool({"n_gpus", "nnodes"} & config.model_fields_set)
+    if not asked:
+        try:
+            import torch
+
+            asked = torch.cuda.is_available()
+        except ImportError:
+            asked = False
+    config.device = "cuda" if asked else "cpu"
+    if asked:
+        log.info("verl backend: --device cuda (GPUs asked for or visible); pass --device cpu to train on the CPU")
 
 
 _RENAMES = {"actor/pg_loss": "train/pg_loss", "actor/pg_clipfrac": "train/clip_frac", "actor/ppo_kl": "train/approx_kl",
