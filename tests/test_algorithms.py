@@ -197,3 +197,20 @@ def test_loss_name_and_clip_c_validation() -> None:
         policy_loss("a2c", LP, OLD, torch.ones(2), MASK)
     with pytest.raises(ConfigError, match="clip_c"):
         policy_loss("ppo", LP, OLD, torch.ones(2), MASK, clip_c=1.0)
+
+
+def test_k3_kl_gradients_stay_finite_for_huge_ratios_even_where_masked() -> None:
+    """A log-ratio of ±80 (a token the reference finds impossible) must not turn the gradient into NaN."""
+    import torch
+
+    from rllm_core.algorithms import kl_penalty, policy_loss_with_metrics
+
+    logp = torch.tensor([[-0.5, -90.0, -0.2]], requires_grad=True)
+    ref = torch.tensor([[-0.4, -0.1, -85.0]])
+    mask = torch.tensor([[1.0, 0.0, 1.0]])
+    kl = kl_penalty(logp, ref, "k3")
+    assert torch.isfinite(kl).all() and float(kl.max()) <= 10.0
+    loss, _ = policy_loss_with_metrics("ppo", logp, logp.detach(), torch.tensor([1.0]), mask, ref_logprobs=ref,
+                                       kl_coef=0.1, kl_type="k3")
+    loss.backward()
+    assert logp.grad is not None and torch.isfinite(logp.grad).all()

@@ -26,7 +26,7 @@ Aggregation (`agg`), with M the mask:
 micro-batches gives exactly the full-batch loss.
 
 KL to a reference (optional, `ref_logprobs_BT` and `kl_coef` > 0): ``k1`` = logπ − logπ_ref; ``k3``
-(verl's low_var_kl) = exp(logπ_ref − logπ) − (logπ_ref − logπ) − 1, clamped to [−10, 10]; added as
+(verl's low_var_kl) = exp(r) − r − 1 with r = logπ_ref − logπ clamped to [−20, 20], then clamped to [−10, 10]; added as
 kl_coef · agg(kl).
 """
 
@@ -81,7 +81,9 @@ def kl_penalty(logprobs_BT: torch.Tensor, ref_logprobs_BT: torch.Tensor, kind: s
     if kind == "k1":
         return logprobs_BT - ref_logprobs_BT
     if kind == "k3":
-        log_ratio = ref_logprobs_BT - logprobs_BT
+        # the log-ratio is clamped before exp, as verl's low_var_kl does: exp of a huge ratio is inf, and inf × a
+        # zero mask is NaN in the backward pass even at positions the mask drops
+        log_ratio = (ref_logprobs_BT - logprobs_BT).clamp(-20, 20)
         return (torch.exp(log_ratio) - log_ratio - 1).clamp(-10, 10)
     raise ConfigError(f"unknown KL estimator {kind!r}; choose k1 or k3")
 
