@@ -74,6 +74,8 @@ class PolicyEndpoint:
     """Every server of this policy (base URLs ending in /v1). Empty: `base_url` alone."""
     inject_token_ids: bool | None = None
     """Ask the servers for token ids and logprobs (None: auto, on for loopback servers)."""
+    exact_turns: bool = False
+    """The servers take `rllm_continue` hints (rllm's policy server): multi-turn prompts stay token-exact."""
 
     @property
     def upstream_urls(self) -> tuple[str, ...]:
@@ -83,8 +85,8 @@ class PolicyEndpoint:
         """The gateway's upstream records for every replica."""
         from rllm_core.gateway.config import UpstreamConfig
 
-        return [UpstreamConfig(url=u, api_key=self.api_key, inject_token_ids=self.inject_token_ids)
-                for u in self.upstream_urls]
+        return [UpstreamConfig(url=u, api_key=self.api_key, inject_token_ids=self.inject_token_ids,
+                               exact_turns=self.exact_turns) for u in self.upstream_urls]
 
 
 @dataclass(frozen=True)

@@ -69,7 +69,7 @@ class LocalTorchBackend(BackendBase):
     def policy_endpoint(self) -> PolicyEndpoint:
         self._require()
         return PolicyEndpoint(base_url=self.server.base_url, model=self.server.model_name,
-                              policy_version=self.policy_version, tokenizer=self.tokenizer)
+                              policy_version=self.policy_version, tokenizer=self.tokenizer, exact_turns=True)
 
     def train_step(self, rows: Sequence[TrainRow]) -> dict[str, float]:
         self._require()

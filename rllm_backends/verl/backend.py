@@ -148,7 +148,7 @@ class VerlBackend(BackendBase):
             return PolicyEndpoint(base_url=urls[0], model=self.model_path, policy_version=self.policy_version,
                                   tokenizer=self.tokenizer, replicas=urls, inject_token_ids=True)
         return PolicyEndpoint(base_url=self._server.base_url, model=self._server.model_name,
-                              policy_version=self.policy_version, tokenizer=self.tokenizer)
+                              policy_version=self.policy_version, tokenizer=self.tokenizer, exact_turns=True)
 
     def before_rollouts(self) -> None:
         if self._cluster is not None:

@@ -32,6 +32,7 @@ from rllm_core.errors import CaptureError
 from rllm_core.gateway.config import GatewayConfig
 from rllm_core.gateway.router import Upstream, UpstreamRouter
 from rllm_core.gateway.store import SessionStore
+from rllm_core.gateway.turns import TurnTracker
 from rllm_core.plugins import get_plugin_manager
 from rllm_core.types import Step
 
@@ -50,6 +51,7 @@ _DROP_RESPONSE = frozenset({"content-length", "transfer-encoding", "content-enco
 
 STORE_KEY = web.AppKey("store", SessionStore)
 ROUTER_KEY = web.AppKey("router", UpstreamRouter)
+TURNS_KEY = web.AppKey("turns", TurnTracker)
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
@@ -72,6 +74,7 @@ class _Gateway:
         self.config = config
         self.store = store
         self.router = router
+        self.turns = TurnTracker()
         self.http: aiohttp.ClientSession | None = None
         self._bearer = f"Bearer {config.api_key}".encode() if config.api_key else None
         get_plugin_manager()  # load plugins now, not on the first call
@@ -98,6 +101,7 @@ class _Gateway:
 
     def _record(self, session_id: str, steps: list[Step]) -> None:
         self.store.add(session_id, steps)
+        self.turns.record(session_id, steps)
         pm = get_plugin_manager()  # looked up each time: tests and notebooks may reset it
         for step in steps:
             pm.emit("rllm_on_llm_call", step=step)
@@ -133,6 +137,7 @@ class _Gateway:
             return denied
         sid = request.match_info["session_id"]
         self.router.forget(sid)
+        self.turns.forget(sid)
         return _steps_response(self.store.take(sid))
 
     async def delete_session(self, request: web.Request) -> web.Response:
@@ -140,6 +145,7 @@ class _Gateway:
             return denied
         sid = request.match_info["session_id"]
         self.router.forget(sid)
+        self.turns.forget(sid)
         return web.json_response({"deleted": self.store.delete(sid)})
 
     async def health(self, request: web.Request) -> web.Response:
@@ -166,6 +172,8 @@ class _Gateway:
                                       agent=request.headers.get(AGENT_HEADER))
         except CaptureError as exc:
             return _error(400, str(exc))
+        if endpoint == "chat" and up.config.exact_turns and (hint := self.turns.hint(sid, call.body)) is not None:
+            sent = _json.dumps({**_json.loads(sent), "rllm_continue": hint})  # the server continues exactly
         up.in_flight += 1
         try:
             return await self._forward(request, up, tail, sid, call, sent)
@@ -289,6 +297,7 @@ def create_app(config: GatewayConfig, store: SessionStore | None = None) -> web.
     app = web.Application(client_max_size=config.max_body_bytes)
     app[STORE_KEY] = store
     app[ROUTER_KEY] = router
+    app[TURNS_KEY] = gw.turns
     app.on_startup.append(gw.on_startup)
     app.on_cleanup.append(gw.on_cleanup)
     r = app.router

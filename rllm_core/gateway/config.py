@@ -25,6 +25,9 @@ class UpstreamConfig(BaseModel):
     inject_token_ids: bool | None = None
     """Ask for logprobs + return_token_ids on the client's behalf. None = auto: True for loopback hosts
     (our policy server, a local vLLM), False for hosted APIs (they reject `return_token_ids`)."""
+    exact_turns: bool = False
+    """Send multi-turn chat calls the previous turn's exact tokens (`rllm_continue`), so sampling and training
+    see one token sequence. Only for servers that understand it: rllm's policy server (on for it by default)."""
     timeout_s: float = 600.0
     tokenizer: str | None = None
     """Hugging Face tokenizer path used to retokenize replies from an upstream that returns no token ids."""

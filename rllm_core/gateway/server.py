@@ -12,7 +12,7 @@ from typing import Any
 from aiohttp import web
 
 from rllm_core.errors import ConfigError
-from rllm_core.gateway.app import ROUTER_KEY, create_app
+from rllm_core.gateway.app import ROUTER_KEY, TURNS_KEY, create_app
 from rllm_core.gateway.client import RemoteGateway
 from rllm_core.gateway.config import DEFAULT_MAX_BODY_BYTES, GatewayConfig, UpstreamConfig
 from rllm_core.gateway.store import SessionStore
@@ -71,9 +71,9 @@ class GatewayHandle:
 
     def take_steps(self, session_id: str) -> list[Step]:
         """Return the session's Steps and free them (and the session's upstream assignment)."""
-        router = self._runner.app[ROUTER_KEY] if self._runner is not None else None
-        if router is not None:
-            router.forget(session_id)
+        if self._runner is not None:
+            self._runner.app[ROUTER_KEY].forget(session_id)
+            self._runner.app[TURNS_KEY].forget(session_id)
         return self.store.take(session_id)
 
     async def atake_steps(self, session_id: str) -> list[Step]:

@@ -16,6 +16,7 @@ from typing import Any
 from aiohttp import web
 from pydantic import ValidationError
 
+from rllm_backends.local_torch.serving.continuation import continued_prompt
 from rllm_backends.local_torch.serving.engine import DecodeEngine
 from rllm_backends.local_torch.serving.protocol import (
     ChatRequest,
@@ -46,6 +47,7 @@ class _Handlers:
         template = getattr(self.tokenizer, "chat_template", None) or ""
         self.template = template if isinstance(template, str) else json.dumps(template)
         self.supports_tools = "tools" in self.template
+        self.end_of_turn_ids = frozenset(engine.loaded.eos_token_ids)
 
     # ------------------------------------------------------------------ small endpoints
     async def health(self, request: web.Request) -> web.Response:
@@ -83,12 +85,21 @@ class _Handlers:
         kwargs = dict(req.chat_template_kwargs or {})
         if req.tools:
             kwargs["tools"] = req.tools
-        try:
-            text = self.tokenizer.apply_chat_template(messages, tokenize=False,
-                                                      add_generation_prompt=req.add_generation_prompt, **kwargs)
-        except Exception as exc:
-            raise RequestError(f"the chat template could not render these messages: {exc}", param="messages") from None
-        return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+        def render(msgs: Any, generation_prompt: bool) -> list[int]:
+            try:
+                text = self.tokenizer.apply_chat_template(list(msgs), tokenize=False,
+                                                          add_generation_prompt=generation_prompt, **kwargs)
+            except Exception as exc:
+                raise RequestError(f"the chat template could not render these messages: {exc}",
+                                   param="messages") from None
+            return list(self.tokenizer.encode(text, add_special_tokens=False))
+
+        if req.rllm_continue is not None and req.add_generation_prompt:
+            exact = continued_prompt(req.rllm_continue, messages, render, self.end_of_turn_ids)
+            if exact is not None:
+                return exact
+        return render(messages, req.add_generation_prompt)
 
     def _completion_prompt(self, req: CompletionRequest) -> list[int]:
         if req.echo:

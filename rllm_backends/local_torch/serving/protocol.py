@@ -10,6 +10,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from rllm_backends.local_torch.serving.continuation import ContinueHint
 from rllm_backends.local_torch.serving.sampling import SamplingParams
 
 __all__ = [
@@ -87,6 +88,8 @@ class ChatRequest(_Request):
     tool_choice: Any = None
     add_generation_prompt: bool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    rllm_continue: ContinueHint | None = None
+    """rllm's gateway: the previous turn's exact tokens (see `continuation`); other servers never see it."""
 
     @property
     def max_new(self) -> int | None:

@@ -61,10 +61,10 @@ class RunningPolicyServer:
         return self.engine.update_weights(state_dict, timeout=timeout, version=version)
 
     def upstream_config(self) -> Any:
-        """This server as a gateway upstream, with token-id injection on (same as `VLLMServer.upstream_config`)."""
+        """This server as a gateway upstream: token-id injection and token-exact multi-turn prompts on."""
         from rllm_core.gateway import UpstreamConfig
 
-        return UpstreamConfig(url=self.base_url, inject_token_ids=True)
+        return UpstreamConfig(url=self.base_url, inject_token_ids=True, exact_turns=True)
 
     # ------------------------------------------------------------------ lifecycle
     def _serve(self, port: int) -> None:

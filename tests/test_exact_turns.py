@@ -1,0 +1,116 @@
+"""Token-exact multi-turn prompts: the gateway hands rllm's policy server the previous turn's own tokens, so a
+3-turn agent sampled at temperature 1 packs into one train row per trajectory (without it, re-tokenizing the
+history splits most of them); a history the agent changed is never continued."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+from openai import AsyncOpenAI
+
+from rllm_core.gateway import UpstreamConfig, start_gateway
+from rllm_core.gateway.turns import TurnTracker
+from rllm_core.rollout import rollout
+from rllm_core.training.packing import pack_trajectory
+from rllm_core.types import Step, Task
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    from rllm_backends.local_torch.serving.models import load_tokenizer
+
+    return load_tokenizer("tiny-random")
+
+
+def _render(tokenizer: Any) -> Any:
+    def render(messages: Any, gen: bool) -> list[int]:
+        text = tokenizer.apply_chat_template(list(messages), tokenize=False, add_generation_prompt=gen)
+        return list(tokenizer.encode(text, add_special_tokens=False))
+
+    return render
+
+
+def test_continued_prompt_keeps_the_sampled_tokens_and_adds_the_template(tokenizer: Any) -> None:
+    from rllm_backends.local_torch.serving.continuation import ContinueHint, continued_prompt
+
+    render, eot = _render(tokenizer), frozenset({tokenizer.convert_tokens_to_ids("<|im_end|>")})
+    first = [{"role": "user", "content": "Say hello"}]
+    prompt = render(first, True)
+    canonical = list(tokenizer.encode("Hello there", add_special_tokens=False))
+    odd = [t for ch in "Hello there" for t in tokenizer.encode(ch, add_special_tokens=False)]  # one token a char
+    assert odd != canonical
+    history = [*first, {"role": "assistant", "content": "Hello there"}, {"role": "user", "content": "Again"}]
+    new_turn = render(history, True)[len(render(history[:2], False)):]  # the template tokens of "Again"
+    eot_id = next(iter(eot))
+    for reply, ended in ((canonical, True), (odd, True), (canonical, False)):
+        sampled = prompt + reply + ([eot_id] if ended else [])
+        got = continued_prompt(ContinueHint(token_ids=sampled, messages=2), history, render, eot)
+        assert got is not None and got[: len(sampled)] == sampled  # exactly what was sampled, then the template
+        assert got[len(got) - len(new_turn):] == new_turn
+        if not ended:  # cut by max_tokens: the template's end-of-turn comes next, as an observation token
+            assert got[len(sampled)] == eot_id
+    # the canonical reply that ended on <|im_end|> reproduces the plain render exactly
+    sampled = prompt + canonical + [eot_id]
+    assert continued_prompt(ContinueHint(token_ids=sampled, messages=2), history, render, eot) == render(history, True)
+    # the first k messages must render as a prefix of all of them, else: no exact prompt (the plain render is used)
+    assert continued_prompt(ContinueHint(token_ids=prompt, messages=3), history, render, eot) is None
+
+
+def _step(messages: list[dict[str, Any]], text: str, prompt: list[int], completion: list[int]) -> Step:
+    return Step(messages=messages, text=text, prompt_token_ids=prompt, completion_token_ids=completion,
+                logprobs=[-0.1] * len(completion), token_source="server")
+
+
+def test_tracker_hints_only_for_an_unchanged_history() -> None:
+    tracker = TurnTracker()
+    first = [{"role": "user", "content": "q"}]
+    tracker.record("s", [_step(first, "  answer\n", [1, 2], [3, 4])])
+    follow = [*first, {"role": "assistant", "content": "answer"}, {"role": "user", "content": "more"}]
+    assert tracker.hint("s", {"messages": follow}) == {"token_ids": [1, 2, 3, 4], "messages": 2}
+    changed = [*first, {"role": "assistant", "content": "a summary"}, {"role": "user", "content": "more"}]
+    assert tracker.hint("s", {"messages": changed}) is None
+    assert tracker.hint("s", {"messages": follow, "n": 2}) is None
+    assert tracker.hint("other", {"messages": follow}) is None
+    tracker.forget("s")
+    assert tracker.hint("s", {"messages": follow}) is None
+
+
+@rollout
+async def three_turns(task: Task, config: Any) -> str:
+    client = AsyncOpenAI(base_url=config.base_url, api_key=config.api_key)
+    messages: list[dict[str, Any]] = [{"role": "user", "content": task.instruction}]
+    text = ""
+    for turn in range(3):
+        reply = await client.chat.completions.create(model=config.model, messages=messages,  # type: ignore[arg-type]
+                                                     temperature=1.0, max_tokens=6, seed=turn)
+        text = reply.choices[0].message.content or ""
+        messages += [{"role": "assistant", "content": text.strip()}, {"role": "user", "content": f"go on {turn}"}]
+    return text
+
+
+@pytest.mark.slow
+def test_multi_turn_agent_packs_into_one_row_per_trajectory() -> None:
+    from rllm_backends.local_torch.serving import start_policy_server
+    from rllm_core.engine import run_episodes
+
+    server = start_policy_server("tiny-random")
+    rates = {}
+    try:
+        for exact in (False, True):
+            gateway = start_gateway([UpstreamConfig(url=server.base_url, inject_token_ids=True, exact_turns=exact)])
+            try:
+                tasks = [Task(id=f"t{i}", instruction=f"Tell me about {i}") for i in range(8)]
+                episodes = asyncio.run(run_episodes(three_turns, tasks, gateway=gateway, model=server.model_name,
+                                                    concurrency=8, progress=False))
+            finally:
+                gateway.stop()
+            assert all(e.error is None and len(e.steps) == 3 for e in episodes), [e.error for e in episodes]
+            single = sum(len(pack_trajectory(e.trajectories[0], 1.0)[0]) == 1 for e in episodes)
+            rates[exact] = single / len(episodes)
+    finally:
+        server.stop()
+    print(f"one row per trajectory: re-tokenized {rates[False]:.0%}, exact turns {rates[True]:.0%}")
+    assert rates[True] == 1.0
+    assert rates[False] < 1.0  # without the hint, random BPE at temperature 1 does not survive re-tokenization
