@@ -28,6 +28,9 @@ class _Choice:
     text: list[str] = field(default_factory=list)
     token_ids: list[int] | None = None
     logprobs: list[float] | None = None
+    logprob_tokens: list[str] | None = None
+    """The token strings the server gave with its logprobs (chat `content[*].token`): what retokenized ids must
+    match, one by one, before its logprobs may be trained on."""
     prompt_token_ids: list[int] | None = None
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     finish_reason: str | None = None
@@ -36,9 +39,11 @@ class _Choice:
         if ids is not None:
             self.token_ids = ids if self.token_ids is None else [*self.token_ids, *ids]
 
-    def add_logprobs(self, lps: list[float] | None) -> None:
+    def add_logprobs(self, lps: list[float] | None, tokens: list[str] | None = None) -> None:
         if lps is not None:
             self.logprobs = lps if self.logprobs is None else [*self.logprobs, *lps]
+        if tokens is not None:
+            self.logprob_tokens = tokens if self.logprob_tokens is None else [*self.logprob_tokens, *tokens]
 
     def merge_tool_calls(self, fragments: list[dict[str, Any]]) -> None:
         for pos, frag in enumerate(fragments):
@@ -65,6 +70,17 @@ def _logprob_values(lp: Any) -> list[float] | None:
         return None if content is None else [float(e["logprob"]) for e in content]
     values = lp.get("token_logprobs")
     return None if values is None else [float(v) for v in values]
+
+
+def _logprob_tokens(lp: Any) -> list[str] | None:
+    """The sampled tokens' strings beside their logprobs (chat `content[*].token`, completions `tokens`)."""
+    if not isinstance(lp, dict):
+        return None
+    if "content" in lp:
+        content = lp.get("content")
+        return None if content is None else [str(e.get("token", "")) for e in content]
+    tokens = lp.get("tokens")
+    return None if tokens is None else [str(t) for t in tokens]
 
 
 class CallAssembler:
@@ -148,7 +164,7 @@ class CallAssembler:
             elif ch.get("text"):
                 c.text.append(ch["text"])
             c.add_ids(ch.get("token_ids"))
-            c.add_logprobs(_logprob_values(ch.get("logprobs")))
+            c.add_logprobs(_logprob_values(ch.get("logprobs")), _logprob_tokens(ch.get("logprobs")))
             if ch.get("prompt_token_ids") is not None:
                 c.prompt_token_ids = ch["prompt_token_ids"]
             if ch.get("finish_reason"):
@@ -168,6 +184,7 @@ class CallAssembler:
                 c.text.append(ch["text"])
             c.token_ids = ch.get("token_ids")
             c.logprobs = _logprob_values(ch.get("logprobs"))
+            c.logprob_tokens = _logprob_tokens(ch.get("logprobs"))
             c.prompt_token_ids = ch.get("prompt_token_ids")
             c.finish_reason = ch.get("finish_reason")
 
@@ -229,6 +246,8 @@ class CallAssembler:
         metadata: dict[str, Any] = {"upstream": call.upstream, "response_id": self._top.get("id")}
         if lps is not None and (ids is None or len(lps) != len(ids)):
             metadata["server_logprobs"] = lps  # kept for inspection, never trained on
+            if c.logprob_tokens is not None and len(c.logprob_tokens) == len(lps):
+                metadata["server_logprob_tokens"] = c.logprob_tokens
             lps = None
         source: TokenSource = "server" if prompt_ids is not None and ids is not None else "none"
         step = Step(

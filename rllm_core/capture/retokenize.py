@@ -85,6 +85,24 @@ def retokenize(
     return prompt_ids, completion_ids
 
 
+def _misaligned(tok: Any, ids: list[int], logprobs: Any, tokens: Any) -> str | None:
+    """Why the server's logprobs cannot be trusted as the logprobs of our retokenized `ids` (None: they can).
+
+    Equal counts are not enough: "Hello" sampled as "Hel"+"lo" and retokenized as "Hell"+"o" has two of each,
+    and each logprob would be trained on the wrong token. They line up only when the server named its tokens
+    and each one is exactly the text of ours at the same position."""
+    if not isinstance(logprobs, list) or len(logprobs) != len(ids):
+        return "no server logprobs" if not isinstance(logprobs, list) else (
+            f"{len(logprobs)} server logprobs for {len(ids)} retokenized tokens")
+    if not isinstance(tokens, list) or len(tokens) != len(ids):
+        return "the server sent no token strings with its logprobs, so they cannot be matched to our tokens"
+    for pos, (tid, text) in enumerate(zip(ids, tokens, strict=True)):
+        ours = tok.decode([tid])
+        if ours != text:
+            return f"token {pos}: ours is {ours!r}, the server's {text!r}"
+    return None
+
+
 def retokenize_step(step: Step, tokenizer: Any) -> Step:
     """A Step that came back without ids, rebuilt with `tokenizer` and marked `token_source="retokenized"`.
 
@@ -104,11 +122,16 @@ def retokenize_step(step: Step, tokenizer: Any) -> Step:
         return step.model_copy(update={"metadata": metadata})
     logprobs = None
     server = step.logprobs if step.logprobs is not None else metadata.get("server_logprobs")
-    if isinstance(server, list) and len(server) == len(ids):  # the API's logprobs line up with our tokens
-        logprobs = list(server)
+    why = _misaligned(resolve_tokenizer(tokenizer), ids, server, metadata.get("server_logprob_tokens"))
+    if why is None:  # the API's logprobs provably belong to our tokens, one by one
+        logprobs = list(server)  # type: ignore[arg-type]
         metadata.pop("server_logprobs", None)
-    elif step.logprobs is not None:
-        metadata["server_logprobs"] = step.logprobs  # kept for inspection, never trained on
+        metadata.pop("server_logprob_tokens", None)
+    else:
+        if step.logprobs is not None:
+            metadata["server_logprobs"] = step.logprobs  # kept for inspection, never trained on
+        if server is not None:
+            metadata["retokenize_mismatch"] = why
     data = step.model_dump()
     data.update(prompt_token_ids=prompt_ids, completion_token_ids=ids, logprobs=logprobs,
                 token_source="retokenized", metadata=metadata)
