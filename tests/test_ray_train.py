@@ -66,3 +66,20 @@ def test_unreachable_ray_address_is_refused_before_setup(tmp_path: Path, upstrea
 def test_ray_address_needs_rollout_workers() -> None:
     with pytest.raises(ValueError, match="--ray-address auto is only used with --rollout-workers"):
         TrainConfig(ray_address="auto")
+
+
+def test_verl_with_ray_rollout_workers_trains_and_shuts_down(tmp_path: Path) -> None:
+    """The loop owns Ray (--rollout-workers), the backend's actor lives on it: shutdown order matters."""
+    pytest.importorskip("verl")
+    from typer.testing import CliRunner
+
+    from rllm_core.cli.app import build_app
+
+    assert not ray.is_initialized()
+    out = tmp_path / "verl-ray"
+    res = CliRunner().invoke(build_app(), ["train", "arithmetic", "--backend", "verl", "--model", "tiny-random",
+                                           "--max-steps", "1", "--batch-size", "2", "--group-size", "2",
+                                           "--eval-examples", "0", "--max-tokens", "6", "--rollout-workers", "2",
+                                           "--no-progress", "--output", str(out)])
+    assert res.exit_code == 0, res.output
+    assert (out / "checkpoints" / "step_1" / "verl_actor").is_dir() and not ray.is_initialized()

@@ -150,3 +150,65 @@ def test_device_follows_the_gpus_asked_for_unless_given() -> None:
     import torch
 
     assert VerlBackend(plain).placement == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_gpu_path_calls_match_verl_signatures() -> None:
+    """The GPU path cannot run here; pin that every verl call it makes exists with the arguments it passes."""
+    import inspect
+
+    from verl.checkpoint_engine import CheckpointEngineManager
+    from verl.single_controller.ray import RayWorkerGroup, ResourcePoolManager
+    from verl.trainer.ppo.utils import Role
+    from verl.workers.engine_workers import ActorRolloutRefWorker
+    from verl.workers.rollout.llm_server import LLMServerManager
+
+    inspect.signature(ResourcePoolManager).bind(resource_pool_spec={"global_pool": [8]},
+                                                mapping={Role.ActorRollout: "global_pool"})
+    inspect.signature(RayWorkerGroup).bind(resource_pool=None, ray_cls_with_init=None, device_name="cuda")
+    inspect.signature(LLMServerManager).bind(config=None, worker_group=None, rollout_resource_pool=None)
+    inspect.signature(CheckpointEngineManager).bind(config=None, actor_wg=None, replicas=[])
+    for name in ("sleep_replicas", "update_weights"):
+        assert callable(getattr(CheckpointEngineManager, name))
+    inspect.signature(ActorRolloutRefWorker.save_checkpoint).bind(None, "/p", hdfs_path=None, global_step=1,
+                                                                  max_ckpt_to_keep=None)
+    inspect.signature(ActorRolloutRefWorker.load_checkpoint).bind(None, "/p", hdfs_path=None,
+                                                                  del_local_after_load=False)
+    for name in ("init_model", "update_actor"):
+        assert callable(getattr(ActorRolloutRefWorker, name))
+
+
+def test_gpu_batches_are_padded_to_the_data_parallel_size_with_rows_that_train_nothing() -> None:
+    from rllm_backends.verl.backend import _pad_to_multiple
+    from rllm_backends.verl.batch import rows_to_dataproto
+    from rllm_core.training.packing import TrainRow
+
+    rows = [TrainRow(tokens=[1, 2, 3, 4 + i], loss_mask=[0, 0, 1, 1], sampling_logprobs=[0, 0, -0.5, -0.6],
+                     advantages=[0, 0, 1.0, 1.0], temperature=1.0) for i in range(5)]
+    data = rows_to_dataproto(rows, pad_token_id=0)
+    padded = _pad_to_multiple(data, 4)
+    assert len(padded) == 8 and float(padded.batch["response_mask"][5:].sum()) == 0.0
+    assert float(padded.batch["advantages"][5:].abs().sum()) == 0.0
+    assert _pad_to_multiple(data, 5) is data
+
+
+def test_backend_options_may_pick_the_engine_but_not_rllm_options(tmp_path: Path) -> None:
+    from rllm_backends.verl.config import compose_trainer_config
+
+    sglang = _config(tmp_path, device="cuda", backend_options={"actor_rollout_ref": {"rollout": {"name": "sglang"}}})
+    assert compose_trainer_config(sglang, "/models/m", str(tmp_path)).actor_rollout_ref.rollout.name == "sglang"
+    clash = _config(tmp_path, device="cuda", backend_options={"actor_rollout_ref": {"actor": {"clip_ratio_low": 0.1}}})
+    with pytest.raises(ConfigError, match="clip_ratio_low, which rllm already sets"):
+        compose_trainer_config(clash, "/models/m", str(tmp_path))
+    unknown = _config(tmp_path, device="cuda", backend_options={"trainer": {"no_such_key": 1}})
+    with pytest.raises(ConfigError, match="no_such_key"):
+        compose_trainer_config(unknown, "/models/m", str(tmp_path))
+
+
+def test_kl_is_refused_up_front_until_a_reference_is_computed(tmp_path: Path) -> None:
+    from rllm_backends.verl.backend import VerlBackend
+    from rllm_core.backend import check_capabilities
+
+    backend = VerlBackend(_config(tmp_path))
+    with pytest.raises(ConfigError, match=r"--kl-type k3.*reference log-probs"):
+        check_capabilities(_config(tmp_path, kl_coef=0.1), backend.capabilities(), backend.name)
+

@@ -81,11 +81,15 @@ class VerlBackend(BackendBase):
     def capabilities(self) -> BackendCapabilities:
         gpu = self.placement == "cuda"
         return BackendCapabilities(
-            losses=frozenset({"ppo", "gspo"}), agg_modes=frozenset(AGG_MODES), kl_types=frozenset({"k1", "k3"}),
-            lora=gpu, recompute_old_logprobs=True, devices=frozenset({"cpu", "cuda"}), async_train_step=True,
+            losses=frozenset({"ppo", "gspo"}), agg_modes=frozenset(AGG_MODES), kl_types=frozenset(),
+            lora=gpu, recompute_old_logprobs=not gpu, devices=frozenset({"cpu", "cuda"}), async_train_step=True,
             colocated=gpu,
             notes={"loss": "verl 0.9 has no plain importance-sampling loss",
-                   "lora_rank": "LoRA runs on verl's GPU path only (--device cuda)"})
+                   "kl_type": "the verl backend computes no reference log-probs yet (verl's ppo_loss needs "
+                              "ref_log_prob); the mapping onto use_kl_loss / kl_loss_type is tested, the reference "
+                              "worker is not wired",
+                   "lora_rank": "LoRA runs on verl's GPU path only (--device cuda)",
+                   "recompute_old_logprobs": "on verl's GPU path π_old is the sampler's (rollout_log_probs)"})
 
     # ------------------------------------------------------------------ setup
     def setup(self, config: TrainConfig) -> None:
@@ -104,26 +108,26 @@ class VerlBackend(BackendBase):
             self._setup_gpu(path)
 
     def _connect_ray(self) -> None:
-        """Join the run's Ray (started by --rollout-workers) or start a local one, owned by this backend."""
-        import ray
-
+        """Join the run's Ray (connected for --rollout-workers), or connect --ray-address (an existing cluster,
+        multi-node), or start a local one for the run; what this backend connects, it disconnects."""
         from rllm_core.distributed import connect_ray
+        from rllm_core.distributed.ray_cluster import import_ray
 
-        if not ray.is_initialized():
-            self._ray = connect_ray(None)
+        if not import_ray().is_initialized():
+            self._ray = connect_ray(self.config.ray_address)
             self._ray.__enter__()
 
     def _setup_cpu(self, path: str) -> None:
         from rllm_backends.local_torch.serving import load_model, start_policy_server
+        from rllm_backends.verl.config import flatten
         from rllm_backends.verl.worker import remote_actor_worker
 
-        config = self.config
-        overrides = dict(self.overrides)
-        # verl splits a batch into micro-batches by a token budget: any row count works, and the loss is
-        # normalised by the whole batch's token count either way
-        overrides.update({"actor_rollout_ref.actor.use_dynamic_bsz": True,
-                          "actor_rollout_ref.actor.ppo_max_token_len_per_gpu":
-                              config.micro_batch_size * config.max_seq_len})
+        overrides = {**self.overrides, **flatten(self.config.backend_options)}  # actor/model keys apply here
+        ignored = sorted(k for k in flatten(self.config.backend_options)
+                         if not k.startswith(("actor_rollout_ref.actor.", "actor_rollout_ref.model.")))
+        if ignored:
+            log.warning("verl on CPU trains with verl's actor only: backend_options %s do not apply here",
+                        ", ".join(ignored))
         self._actor = remote_actor_worker(path, overrides, num_cpus=1)
         self._server = start_policy_server(load_model(path), max_batch_size=64)
         self.policy_version = int(self._server.policy_version)
@@ -176,10 +180,11 @@ class VerlBackend(BackendBase):
                 from verl.utils import tensordict_utils as tu
                 from verl.workers.utils.padding import left_right_2_no_padding
 
+                real = len(data)
+                data = _pad_to_multiple(data, self._cluster.dp_size)  # verl splits the batch evenly over ranks
                 td = left_right_2_no_padding(data.to_tensordict())
-                size = len(data)
                 tu.assign_non_tensor(td, calculate_entropy=False, distillation_use_topk=False,
-                                     distillation_only=False, global_batch_size=size, mini_batch_size=size,
+                                     distillation_only=False, global_batch_size=real, mini_batch_size=len(data),
                                      epochs=1, seed=self.config.seed, dataloader_kwargs={"shuffle": False},
                                      compute_loss=True)
                 raw = self._cluster.update(td)
@@ -193,9 +198,6 @@ class VerlBackend(BackendBase):
     def _with_recomputed_old_logprobs(self, data: Any) -> Any:
         import ray
 
-        if self._cluster is not None:
-            raise ConfigError("--recompute-old-logprobs on verl's GPU path: set it through verl's own "
-                              "actor_rollout_ref.actor settings for now")
         old = ray.get(self._actor.compute_log_prob.remote(data, with_entropy=False))
         data.batch["old_log_probs"] = old.batch["old_log_probs"] * data.batch["response_mask"]
         return data
@@ -256,11 +258,12 @@ class VerlBackend(BackendBase):
         if self._actor is not None:
             import ray
 
-            try:
-                ray.get(self._actor.close.remote(), timeout=30)
-            except Exception as exc:  # the actor may already be gone; shutting down goes on
-                log.debug("verl actor close: %r", exc)
-            ray.kill(self._actor)
+            if ray.is_initialized():  # else Ray was stopped by its owner, and the actor with it
+                try:
+                    ray.get(self._actor.close.remote(), timeout=30)
+                    ray.kill(self._actor)
+                except Exception as exc:  # the actor may already be gone; shutting down goes on
+                    log.debug("verl actor close: %r", exc)
             self._actor = None
         if self._cluster is not None:
             self._cluster.shutdown()
@@ -307,6 +310,21 @@ def _rename_metrics(raw: dict[str, Any], rows: list[TrainRow]) -> dict[str, floa
     out["train/rows"] = float(len(rows))
     out["train/trained_tokens"] = float(sum(sum(r.loss_mask[1:]) for r in rows))
     return out
+
+
+def _pad_to_multiple(data: Any, multiple: int) -> Any:
+    """`data` with copies of its first row, loss mask and advantages zeroed, up to a multiple of `multiple` rows
+    (verl chunks a batch evenly over its data-parallel ranks). The copies train nothing: token-mean losses are
+    normalised by the real rows' token count, and global_batch_size stays the real row count."""
+    short = -len(data) % multiple
+    if short == 0:
+        return data
+    from verl import DataProto
+
+    pad = data[[0] * short]
+    for key in ("response_mask", "advantages"):
+        pad.batch[key] = pad.batch[key] * 0
+    return DataProto.concat([data, pad])
 
 
 def _last_line(exc: BaseException) -> str:

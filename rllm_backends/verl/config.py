@@ -20,7 +20,11 @@ from rllm_core.training.config import TrainConfig
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-__all__ = ["compose_trainer_config", "flatten", "verl_overrides"]
+__all__ = ["DEFAULTS_YOU_MAY_CHANGE", "compose_trainer_config", "flatten", "verl_overrides"]
+
+DEFAULTS_YOU_MAY_CHANGE = frozenset({"actor_rollout_ref.rollout.name", "actor_rollout_ref.rollout.mode",
+                                     "trainer.logger", "trainer.default_local_dir"})
+"""verl keys rllm sets that are not one of its own options (the engine, logging): backend_options may set them."""
 
 
 def verl_overrides(config: TrainConfig, model_path: str, output_dir: str) -> dict[str, Any]:
@@ -35,6 +39,8 @@ def verl_overrides(config: TrainConfig, model_path: str, output_dir: str) -> dic
         "actor_rollout_ref.rollout.mode": "async",
         "actor_rollout_ref.rollout.prompt_length": config.max_seq_len - config.max_tokens,
         "actor_rollout_ref.rollout.response_length": config.max_tokens,
+        "actor_rollout_ref.rollout.log_prob_use_dynamic_bsz": True,
+        "actor_rollout_ref.rollout.log_prob_max_token_len_per_gpu": config.micro_batch_size * config.max_seq_len,
         "data.max_prompt_length": config.max_seq_len - config.max_tokens,
         "data.max_response_length": config.max_tokens,
         "data.train_batch_size": config.batch_size,
@@ -70,6 +76,9 @@ def compose_trainer_config(config: TrainConfig, model_path: str, output_dir: str
 
     ours = verl_overrides(config, model_path, output_dir)
     passed = flatten(config.backend_options)
+    for key in DEFAULTS_YOU_MAY_CHANGE:  # rllm's choice, not an rllm option: backend_options may replace it
+        if key in passed:
+            ours.pop(key, None)
     both = sorted(k for k in passed if k in ours)
     if both:
         raise ConfigError(f"backend_options sets {', '.join(both)}, which rllm already sets from its own options: "

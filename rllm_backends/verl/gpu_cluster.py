@@ -44,7 +44,7 @@ class VerlGpuCluster:
         from verl.checkpoint_engine import CheckpointEngineManager
         from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager
         from verl.single_controller.ray.base import create_colocated_worker_cls
-        from verl.trainer.ppo.ray_trainer import Role
+        from verl.trainer.ppo.utils import Role  # not ray_trainer: it imports torchdata
         from verl.utils.config import omega_conf_to_dataclass
         from verl.workers.engine_workers import ActorRolloutRefWorker
         from verl.workers.rollout.llm_server import LLMServerManager
@@ -70,6 +70,8 @@ class VerlGpuCluster:
             actor_wg=self.actor_wg, replicas=self.servers.get_replicas())
         self.checkpoints.sleep_replicas()  # as verl does: asleep until the first sync loads the weights
         self.awake = False
+        self.step = 0
+        self.dp_size = int(trainer.n_gpus_per_node) * int(trainer.nnodes)
 
     @property
     def server_urls(self) -> tuple[str, ...]:
@@ -77,8 +79,10 @@ class VerlGpuCluster:
         return tuple(f"http://{address}/v1" for address in self.servers.server_addresses)
 
     def wake(self) -> None:
+        """Replicas ready to sample. In hybrid mode a sleeping replica has dropped its weights (vLLM sleep level 2),
+        so waking is a weight load from the actor, as verl itself re-wakes (``ray_trainer.py:645-650``)."""
         if not self.awake:
-            self.checkpoints.wake_up_replicas()
+            self.checkpoints.update_weights(self.step)
             self.awake = True
 
     def sleep(self) -> None:
@@ -87,23 +91,19 @@ class VerlGpuCluster:
             self.awake = False
 
     def sync(self, step: int) -> None:
-        """verl's weight sync (hybrid engine / checkpoint engine): the replicas serve the actor's new weights."""
+        """verl's weight sync (hybrid engine / checkpoint engine): the replicas serve the actor's new weights. verl
+        syncs into sleeping replicas (naive mode), so awake ones are put to sleep first."""
+        self.step = step
+        self.sleep()
         self.checkpoints.update_weights(step)
         self.awake = True
-
-    def old_log_probs(self, batch_td: Any) -> Any:
-        """π_old from the actor (verl's compute_log_prob on a no-padding TensorDict)."""
-        from verl.utils import tensordict_utils as tu
-
-        tu.assign_non_tensor(batch_td, calculate_entropy=False, compute_loss=False)
-        return tu.get(self.actor_wg.compute_log_prob(batch_td), "log_probs")
 
     def update(self, batch_td: Any) -> dict[str, float]:
         """One verl update (a single mini-batch, one epoch: one optimizer step, as rllm's loop expects)."""
         from verl.utils import tensordict_utils as tu
 
         output = self.actor_wg.update_actor(batch_td)
-        return {f"train/{k}": _scalar(v) for k, v in tu.get(output, "metrics").items()}
+        return {k: _scalar(v) for k, v in tu.get(output, "metrics").items()}  # verl's names: the backend maps them
 
     def save(self, path: str, step: int) -> None:
         self.actor_wg.save_checkpoint(path, hdfs_path=None, global_step=step, max_ckpt_to_keep=None)
@@ -115,6 +115,8 @@ class VerlGpuCluster:
         """Stop the replicas and workers (Ray itself belongs to whoever connected it)."""
         import ray
 
+        if not ray.is_initialized():  # Ray already gone (its owner stopped it): so are the actors
+            return
         for handle in list(getattr(self.servers, "server_handles", []) or []):
             ray.kill(handle)
         for worker in list(getattr(self.actor_wg, "workers", []) or []):

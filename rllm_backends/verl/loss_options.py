@@ -113,7 +113,10 @@ def verl_actor_overrides(config: TrainConfig) -> dict[str, Any]:
         _ACTOR + "kl_loss_type": _KL_TYPES[config.kl_type],
         _ACTOR + "ppo_mini_batch_size": config.batch_size,
         _ACTOR + "ppo_micro_batch_size_per_gpu": mb,
-        _ACTOR + "use_dynamic_bsz": False,
+        # any row count: verl splits micro-batches by a token budget (fixed ones need the rows per rank to divide
+        # evenly), and the loss is normalised by the whole batch's token count either way
+        _ACTOR + "use_dynamic_bsz": True,
+        _ACTOR + "ppo_max_token_len_per_gpu": mb * config.max_seq_len,
         _ACTOR + "ppo_epochs": 1,
         _ACTOR + "shuffle": False,
         _ACTOR + "optim.lr": config.lr,
