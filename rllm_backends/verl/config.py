@@ -3,8 +3,9 @@
 Precedence: verl's defaults < rllm's mapping (`verl_overrides`: the loss options of `loss_options`, the model,
 GPUs, lengths and batch shape) < `backend_options` (YAML: any verl key, nested as in ``ppo_trainer.yaml``,
 e.g. ``backend_options: {actor_rollout_ref: {rollout: {name: sglang, gpu_memory_utilization: 0.6}}}``).
-Setting a key rllm maps (say ``actor_rollout_ref.actor.clip_ratio_low``) there as well is refused: two
-sources for one setting is how a run ends up training another objective than its config.yaml says.
+Setting a key rllm maps from one of its options (say ``actor_rollout_ref.actor.clip_ratio_low``) there as well is
+refused: two sources for one setting is how a run ends up training another objective than its config.yaml says.
+The engine and logging keys in `DEFAULTS_YOU_MAY_CHANGE` are rllm's defaults, not its options, so they may be set.
 """
 
 from __future__ import annotations
