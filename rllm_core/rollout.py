@@ -4,7 +4,8 @@ The function gets `(task, config)`; `config.base_url` is this episode's session 
 in front of the real upstream, so every LLM call made through it is recorded with the server's own token
 ids. Calls made through any other httpx / httpx2 client in the same process are recorded by in-process
 capture. The function may be sync, async, return an awaitable, or be an async generator; its return value
-is coerced into the Episode (Episode, Trajectory, dict of artifacts, str answer, or None).
+is coerced into the Episode (Episode, Trajectory, dict of artifacts, str answer, or None). An Episode it builds
+needs no `task=`: `return rllm.Episode(artifacts={"answer": text})` gets this episode's task, id and attempt.
 
 An exception inside the function never escapes `run` / `arun`: the Episode ends with
 `termination_reason="error"` and the traceback text, and keeps the steps recorded before the failure.
@@ -15,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import functools
+import hashlib
 import inspect
 import sys
 import threading
@@ -30,12 +32,21 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rllm_core.context import EpisodeContext, episode_scope
 from rllm_core.errors import ConfigError
-from rllm_core.types import Episode, Step, Task, Trajectory
+from rllm_core.types import Episode, Step, Task, Trajectory, rollout_scope
 
 if TYPE_CHECKING:  # the gateway (aiohttp) is imported on first run, not by `import rllm`
     from rllm_core.gateway.client import GatewayClient
 
-__all__ = ["Rollout", "RolloutConfig", "RolloutFailedWarning", "as_rollout", "build_episode", "rollout"]
+__all__ = ["Rollout", "RolloutConfig", "RolloutFailedWarning", "as_rollout", "build_episode", "derive_seed",
+           "rollout"]
+
+
+def derive_seed(*parts: object) -> int:
+    """A seed in [0, 2**31) that depends only on `parts` (ints, strings): the same parts give the same seed in
+    every process and on every run (unlike `hash()`, salted per process), different parts unrelated seeds.
+    31 bits, because that is what every OpenAI-compatible server accepts (llama.cpp's seed is a uint32)."""
+    text = "\x1f".join(str(p) for p in parts)
+    return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=8).digest(), "big") % 2**31
 
 
 class RolloutConfig(BaseModel):
@@ -50,7 +61,19 @@ class RolloutConfig(BaseModel):
     api_key: str = "EMPTY"
     upstream_url: str | None = None
     sampling: dict[str, Any] = Field(default_factory=dict)
-    """Default sampling parameters the engine wants (temperature, max_tokens, ...)."""
+    """Default sampling parameters the engine wants (temperature, max_tokens, ...). Never a `seed`: forwarded to
+    every call, one seed would make calls with the same messages sample the same tokens; see `call_seed`."""
+    seed: int | None = None
+    """This episode's seed, derived from the engine's `sampling["seed"]`, the task id and the attempt (so the n
+    attempts at a task differ and a rerun repeats them); None: the run is unseeded and every call samples afresh."""
+
+    def call_seed(self, index: int) -> int | None:
+        """The `seed` to send with this episode's `index`-th LLM call (0, 1, ...), or None when unseeded.
+
+        Each call gets its own, derived from the episode's seed and the index, so that N calls with the same
+        messages (N solvers) still sample N different answers, reproducibly. The default rollouts send it; an
+        agent of your own makes its training run bit-reproducible by sending it too."""
+        return None if self.seed is None else derive_seed(self.seed, "call", index)
 
 
 class Rollout:
@@ -108,6 +131,7 @@ class Rollout:
         sampling: dict[str, Any] | None = None,
         inject_token_ids: bool | None = None,
         tokenizer: Any = None,
+        seed: int | None = None,
         **extra: Any,
     ) -> Episode:
         """Run one episode: open a gateway session, call the function, collect its steps into an Episode.
@@ -117,6 +141,10 @@ class Rollout:
         `RemoteGateway` for one in another process). `tokenizer` (a path or a tokenizer object) rebuilds the
         ids of calls whose upstream returned none (`token_source="retokenized"`); extra keyword arguments
         become fields of the function's `config`.
+
+        `sampling["seed"]` seeds the run rather than each request: it is taken out of `config.sampling` and
+        the episode's `config.seed` is derived from it, the task id and `attempt` (`seed=` sets it directly).
+        The engine hands one sampling dict to every episode, so this is what keeps a group's attempts distinct.
         """
         from rllm_core.capture.inprocess import install as install_capture
         from rllm_core.capture.retokenize import retokenize_step
@@ -128,13 +156,18 @@ class Rollout:
             gateway = _gateway_for(base_url, api_key, inject_token_ids, tokenizer)
         install_capture()
         sid = session_id or uuid.uuid4().hex
+        params = dict(sampling or {})
+        run_seed = params.pop("seed", None)
+        if seed is None and run_seed is not None:
+            seed = derive_seed(run_seed, task.id, attempt)
         config = RolloutConfig(
             base_url=gateway.session_base_url(sid),
             model=model,
             session_id=sid,
             api_key=gateway.client_api_key or "EMPTY",
             upstream_url=base_url,
-            sampling=dict(sampling or {}),
+            sampling=params,
+            seed=seed,
             **extra,
         )
         ctx = EpisodeContext(session_id=sid, gateway_url=gateway.url, tokenizer=tokenizer)
@@ -142,7 +175,7 @@ class Rollout:
         result: Any = None
         error: str | None = None
         termination = "completed"
-        with episode_scope(ctx):
+        with episode_scope(ctx), rollout_scope(task, sid, attempt):
             try:
                 coro = _invoke(self.fn, task, config)
                 result = await (asyncio.wait_for(coro, timeout_s) if timeout_s else coro)
@@ -253,7 +286,8 @@ def build_episode(
 ) -> Episode:
     """Coerce a rollout's return value plus its captured steps into one Episode.
 
-    - Episode: kept; captured steps fill it only where it has no steps of its own.
+    - Episode: kept; captured steps fill it only where it has no steps of its own. One built inside the rollout
+      without `task` / `id` already has the rollout's (see `rllm_core.types.rollout_scope`).
     - Trajectory: becomes the episode's trajectory (filled with the captured steps if it has none).
     - dict: stored as artifacts; str: stored as artifacts["answer"]; None: nothing.
     Captured steps are split into trajectories by their `agent` name (default: the rollout's name).

@@ -4,13 +4,20 @@ Every other part of rllm speaks these records: capture produces Steps, the rollo
 Trajectories and Episodes, rewards fill in Episode/Trajectory rewards, algorithms consume TrajectoryGroups.
 They are pydantic v2 models so that a JSONL line round-trips exactly and bad records fail loudly where they
 are built, not three stages later inside a loss function.
+
+An Episode always has its Task. Built inside an `@rllm.rollout` function (`return rllm.Episode(artifacts=...)`)
+it takes the task, id and attempt of the episode being run when they are not given (`rollout_scope`); built
+anywhere else it must be given `task=`, and says so. So `episode.task` is never None wherever it is read.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 import uuid
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextvars import ContextVar
+from dataclasses import dataclass
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
@@ -24,6 +31,7 @@ __all__ = [
     "Trajectory",
     "TrajectoryGroup",
     "group_trajectories",
+    "rollout_scope",
 ]
 
 TokenSource = Literal["server", "retokenized", "none"]
@@ -126,11 +134,35 @@ class Task(_Record):
     metadata: dict[str, Any] = Field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class _RolloutDefaults:
+    task: Task
+    episode_id: str
+    attempt: int
+
+
+_rollout_defaults: ContextVar[_RolloutDefaults | None] = ContextVar("rllm_rollout_defaults", default=None)
+
+
+@contextlib.contextmanager
+def rollout_scope(task: Task, episode_id: str, attempt: int = 0) -> Iterator[None]:
+    """While a rollout function runs: an Episode built without `task` / `id` / `attempt` takes these.
+
+    A context variable, so it follows the agent into its worker thread and its asyncio tasks, and a rollout
+    run inside another gets its own."""
+    token = _rollout_defaults.set(_RolloutDefaults(task, episode_id, attempt))
+    try:
+        yield
+    finally:
+        _rollout_defaults.reset(token)
+
+
 class Episode(_Record):
     """One attempt at one task: its trajectories, what it produced, and how it was scored."""
 
     id: str = Field(default_factory=_new_id)
     task: Task
+    """Required, except inside an `@rllm.rollout` function, where the rollout's task is the default."""
     trajectories: list[Trajectory] = Field(default_factory=list)
     artifacts: dict[str, Any] = Field(default_factory=dict)
     reward: float | None = None
@@ -142,6 +174,19 @@ class Episode(_Record):
     metrics: dict[str, float] = Field(default_factory=dict)
     attempt: int = 0
     rollout: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _fill_from_rollout(cls, data: Any) -> Any:
+        """Fill task, id and attempt from the rollout being run; without one, a missing task is an error that
+        says what to do (pydantic's own would only say 'task: Field required')."""
+        if not isinstance(data, dict) or data.get("task") is not None:
+            return data
+        scope = _rollout_defaults.get()
+        if scope is None:
+            raise ValueError("an Episode needs its task: pass Episode(task=...), or build it inside an "
+                             "@rllm.rollout function, which fills in the task, id and attempt of the episode it runs")
+        return {"id": scope.episode_id, "attempt": scope.attempt, **data, "task": scope.task}
 
     @property
     def steps(self) -> list[Step]:

@@ -114,3 +114,15 @@ def test_multi_turn_agent_packs_into_one_row_per_trajectory() -> None:
     print(f"one row per trajectory: re-tokenized {rates[False]:.0%}, exact turns {rates[True]:.0%}")
     assert rates[True] == 1.0
     assert rates[False] < 1.0  # without the hint, random BPE at temperature 1 does not survive re-tokenization
+
+
+def test_a_high_split_rate_is_said_once(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    import rllm_core.training.loop as loop
+
+    monkeypatch.setattr(loop, "_warned_split", False)
+    with caplog.at_level("WARNING", logger="rllm.train"):
+        loop._warn_if_turns_split({"pack/steps_used": 100.0, "pack/rows_split": 2.0})  # 2 %: fine
+        loop._warn_if_turns_split({"pack/steps_used": 100.0, "pack/rows_split": 30.0})
+        loop._warn_if_turns_split({"pack/steps_used": 100.0, "pack/rows_split": 40.0})
+    said = [r.getMessage() for r in caplog.records if "started a new train row" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("30 of 100 LLM calls")

@@ -61,12 +61,15 @@ async def test_refinement(arith: tuple[Any, list[Any]]) -> None:
     with start_fake_upstream(_role_responder) as up:
         eps = await run_episodes(iterative_refinement(rounds=2), tasks, base_url=up.base_url, benchmark=bench,
                                  progress=False)
-    for ep in eps:
-        assert len(ep.trajectory("solver").steps) == 3 and len(ep.trajectory("critic").steps) == 2
+    for ep in eps:  # every turn is its own trajectory: solver turns 0, 1, 2 and critics of rounds 1, 2
+        solvers = [t for t in ep.trajectories if t.name == "solver"]
+        critics = [t for t in ep.trajectories if t.name == "critic"]
+        assert [t.metadata["turn"] for t in solvers] == [0, 1, 2] and [t.metadata["round"] for t in critics] == [1, 2]
+        assert all(len(t.steps) == 1 and t.steps[0].trainable for t in ep.trajectories)
         assert len(ep.artifacts["rounds"]) == 2
-        assert ep.reward_reason == "correct"
-        solver_steps = ep.trajectory("solver").steps
-        assert len(solver_steps[-1].messages or []) == 5  # the revision sees answer + critique history
+        assert ep.reward_reason == "correct" and all(t.reward is not None for t in ep.trajectories)
+        assert solvers[-1].reward == 1.0 and all(t.reward == 1.0 for t in critics)  # each graded on its own answer
+        assert len(solvers[-1].steps[0].messages or []) == 5  # the revision sees answer + critique history
 
 
 async def test_self_debate(arith: tuple[Any, list[Any]]) -> None:
@@ -155,3 +158,52 @@ def test_get_workflow_options() -> None:
         get_workflow("refinement:rounds")
     with pytest.raises(ConfigError, match="at least 2 agents"):
         get_workflow("self-debate:n_agents=1")
+
+
+def _refinement_responder(first: str, critic: str) -> Any:
+    """The first answer says `first`, the critic ends with `critic`, a revision repeats the critic's number."""
+    def respond(body: dict[str, Any]) -> str:
+        text = str(body["messages"][-1]["content"])
+        if "Check the answer" in text:
+            return f"Let me check. The answer is {critic}."
+        if "reviewer commented" in text:
+            return re.findall(r"\d+", text)[-1]
+        return first
+    return respond
+
+
+@pytest.mark.parametrize(("first_right", "critic_right"), [(True, False), (False, True), (True, True)])
+async def test_refinement_credits_each_turn_and_the_critic_on_its_own(arith: tuple[Any, list[Any]],
+                                                                      first_right: bool, critic_right: bool) -> None:
+    """A right first answer keeps its reward when the critic talks the revision out of it; a critic that fixes a
+    wrong answer is rewarded and the answer it fixed is not; the episode is graded on the final answer."""
+    bench, tasks = arith
+    right = str(tasks[0].ground_truth)
+    wrong = str(int(right) + 1)
+    responder = _refinement_responder(right if first_right else wrong, right if critic_right else wrong)
+    with start_fake_upstream(responder) as up:
+        (ep,) = await run_episodes(iterative_refinement(rounds=1), tasks[:1], base_url=up.base_url,
+                                   benchmark=bench, progress=False)
+    first, revision = (t for t in ep.trajectories if t.name == "solver")
+    assert (first.metadata["turn"], revision.metadata["turn"]) == (0, 1)
+    assert first.reward == float(first_right) and first.metadata["answer"] == (right if first_right else wrong)
+    assert ep.trajectory("critic").reward == float(critic_right)
+    assert revision.reward == float(critic_right) == ep.reward  # the revision followed the critic
+    assert {g.role: len(g.trajectories) for g in group_trajectories([ep])} == {"solver": 2, "critic": 1}
+
+
+async def test_refinement_without_rounds_is_one_solver_turn(arith: tuple[Any, list[Any]]) -> None:
+    bench, tasks = arith
+    with start_fake_upstream(lambda body: str(tasks[0].ground_truth)) as up:
+        (ep,) = await run_episodes(iterative_refinement(rounds=0), tasks[:1], base_url=up.base_url,
+                                   benchmark=bench, progress=False)
+    assert [(t.name, t.metadata["turn"], t.reward) for t in ep.trajectories] == [("solver", 0, 1.0)]
+
+
+async def test_seeded_refinement_gives_each_call_its_own_seed(arith: tuple[Any, list[Any]]) -> None:
+    _, tasks = arith
+    with start_fake_upstream(lambda body: "7") as up:
+        runs = [await run_episodes(iterative_refinement(rounds=2), tasks[:1], base_url=up.base_url,
+                                   progress=False, sampling={"seed": 3}) for _ in range(2)]
+    seeds = [[s.params.get("seed") for s in ep.steps] for (ep,) in runs]
+    assert seeds[0] == seeds[1] and len(set(seeds[0])) == 5 and None not in seeds[0]

@@ -1,4 +1,8 @@
-"""The default rollout of single-answer benchmarks: send the instruction, return the reply as the answer."""
+"""The default rollout of single-answer benchmarks: send the instruction, return the reply as the answer.
+
+Its one call carries the episode's call seed (`config.call_seed(0)`; none when the run is unseeded), so a
+seeded training run samples the same completions on every rerun and resume.
+"""
 
 from __future__ import annotations
 
@@ -14,5 +18,5 @@ __all__ = ["single_turn"]
 @rollout(name="solver")
 async def single_turn(task: Task, config: RolloutConfig) -> dict[str, Any]:
     async with make_client(config) as client:
-        reply = await chat(client, config, task_messages(task))
+        reply = await chat(client, config, task_messages(task), seed=config.call_seed(0))
     return {"answer": reply.text, "finish_reason": reply.finish_reason}

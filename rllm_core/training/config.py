@@ -125,7 +125,11 @@ class TrainConfig(BaseModel):
     max_minutes: float | None = None
     """Wall-clock budget: stop after the step that crosses it (then checkpoint and final validation)."""
     seed: int = 0
-    """Seeds task order, model init and sampling order."""
+    """Seeds task order, model init and sampling (each request's seed is derived from it): with the default
+    rollouts on the local backend (CPU), the same seed repeats a run bit for bit."""
+    allow_resume_changes: bool = Field(False, exclude=True)
+    """With --resume: continue even though --batch-size, --group-size or --seed differ from the run's (the steps
+    from then on draw other tasks and samples). Not saved in config.yaml: it allows one resume, not all later ones."""
     output: str = "runs/latest"
     """The run directory (config.yaml, metrics.jsonl, episodes/, checkpoints/)."""
     eval_every: int = 0
@@ -158,9 +162,9 @@ class TrainConfig(BaseModel):
                                      ("rejection", self.rejection, REJECTION_MODES)):
             if value not in allowed:
                 raise ValueError(f"{name} {value!r} is not known; choose one of {', '.join(allowed)}")
-        if self.ray_address and not self.rollout_workers:
-            raise ValueError(f"--ray-address {self.ray_address} is only used with --rollout-workers N (N ≥ 1): "
-                             "add it, or drop --ray-address")
+        if self.ray_address and not self.rollout_workers and self.backend == "local":
+            raise ValueError(f"--ray-address {self.ray_address} is only used with --rollout-workers N (N ≥ 1) or a "
+                             "backend that trains on a Ray cluster (--backend verl): add one, or drop --ray-address")
         if self.workflow == "none" and not self.agent:
             raise ValueError("workflow 'none' runs your agent as the whole episode: pass --agent module:function")
         return self

@@ -96,6 +96,7 @@ class _Stages:
             rows, pack_metrics = pack_groups(groups, group_advantages(groups, config.algo),
                                              max_tokens=config.max_seq_len, overlong=config.overlong)
             metrics.update(pack_metrics)
+            _warn_if_turns_split(pack_metrics)
             saved = False
             if not any(r.num_trained_tokens for r in rows):
                 metrics["skipped"] = _skip_reason(episodes, groups, rows)
@@ -145,24 +146,51 @@ class _Stages:
 _FIXED_ON_RESUME = ("model", "lora_rank", "backend")
 """Options that decide the shape of the checkpointed weights: a resume cannot change them."""
 
+_STREAM_ON_RESUME = ("batch_size", "group_size", "seed")
+"""Options that decide what every step draws (its tasks, its attempts, the seeds they sample with): a resume that
+changes them trains on something the uninterrupted run never would have, so it is refused unless
+`--allow-resume-changes` says that is meant."""
+
+
+def _changes(saved: TrainConfig, config: TrainConfig, names: Sequence[str]) -> list[str]:
+    return [f"{k} {getattr(saved, k)!r} → {getattr(config, k)!r}" for k in names
+            if getattr(saved, k) != getattr(config, k)]
+
 
 def _check_resume_config(run: RunDir, config: TrainConfig) -> None:
-    """Refuse, before anything loads or is written, a resume whose weights would not fit the run's checkpoints
-    or that has no step left to run."""
+    """Refuse, before anything loads or is written, a resume whose weights would not fit the run's checkpoints,
+    that would not continue the run's task and sample stream (unless allowed), or that has no step left to run."""
     if not run.config_file.is_file():
         return
     saved = load_config(run.config_file)
-    changed = [f"{k} {getattr(saved, k)!r} → {getattr(config, k)!r}" for k in _FIXED_ON_RESUME
-               if getattr(saved, k) != getattr(config, k)]
+    changed = _changes(saved, config, _FIXED_ON_RESUME)
     if changed:
         raise ConfigError(f"--resume {run.path}: its checkpoints were trained with other settings "
                           f"({', '.join(changed)}); drop those flags to resume, or start a new run with another "
                           "--output")
+    stream = _changes(saved, config, _STREAM_ON_RESUME)
+    if stream and not config.allow_resume_changes:
+        raise ConfigError(f"--resume {run.path}: the run was sampled with other settings ({', '.join(stream)}), "
+                          "so the resumed steps would not be the ones the run would have drawn; drop those flags "
+                          "to continue it as it was, pass --allow-resume-changes to continue with them anyway, or "
+                          "start a new run with another --output")
+    if stream:
+        log.warning("--resume %s with changed %s (--allow-resume-changes): the steps from here on draw other "
+                    "tasks and samples than the run would have", run.path, ", ".join(stream))
     ckpt = latest_checkpoint(run.checkpoints_dir)
     done = int(read_state(ckpt).get("step", 0)) if ckpt is not None else 0
     if done >= config.max_steps:  # else the model loads, nothing trains, and config.yaml says max_steps went down
         raise ConfigError(f"--resume {run.path}: the run is already at step {done}, so --max-steps "
                           f"{config.max_steps} leaves nothing to train; pass --max-steps {done + 1} or more")
+
+
+def _checkpoint_state(config: TrainConfig, metrics: dict[str, Any]) -> dict[str, Any]:
+    """The loop's part of a checkpoint: what its random streams are derived from. Task order is a function of
+    (seed, step) and every sampling seed of (seed, policy version, tasks, attempt, call), so these values are the
+    whole RNG state; nothing in a training step draws from a global RNG (the models load with dropout off), so
+    no generator state needs saving. batch_size and group_size are recorded with the seed they were drawn with."""
+    return {"policy_version": metrics.get("policy_version"), "seed": config.seed, "batch_size": config.batch_size,
+            "group_size": config.group_size}
 
 
 def _resume(run: RunDir, backend: Backend) -> tuple[int, Path | None]:
@@ -188,6 +216,10 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
     `backend`, `benchmark` and `rollout` replace the ones the config names (tests, benchmarks, notebooks).
     `progress` shows the live bar; one line per step and per validation is printed to `console` either way
     (`Console(quiet=True)` for silence)."""
+    if config.ray_address:  # an unreachable cluster fails in seconds, before data, run directory or model
+        from rllm_core.distributed import check_ray_address
+
+        check_ray_address(config.ray_address)
     benchmark = resolve_benchmark(config, benchmark)
     config, recommended = apply_benchmark_defaults(config, benchmark)
     console = console or Console()
@@ -239,8 +271,7 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
                     display.phase(f"step {step}: checkpoint")
                     result.last_checkpoint = save_checkpoint(
                         run.checkpoints_dir, step, backend,
-                        {"policy_version": metrics.get("policy_version"), "seed": config.seed},
-                        keep=config.keep_checkpoints)
+                        _checkpoint_state(config, metrics), keep=config.keep_checkpoints)
                 if last:
                     break
             if result.steps_done > start and val_tasks:
@@ -252,9 +283,28 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
         raise TrainingError(f"training stopped at step {result.steps_done + 1}: {exc}. {keep}; resume with "
                             f"`rllm train --resume {run.path}` after fixing the cause") from None
     finally:
+        backend.shutdown()  # before the stage: a backend's actors live on the Ray the stage may own
         stack.close()
-        backend.shutdown()
     return result
+
+
+SPLIT_WARN_RATE = 0.05
+"""Share of multi-turn steps that had to start a new row, above which the run says so (once)."""
+_warned_split = False
+
+
+def _warn_if_turns_split(pack_metrics: dict[str, float]) -> None:
+    """Say once per process when many turns broke the prefix: each split row repeats the whole history (compute
+    grows with the square of the turns, seq-mean losses count the trajectory twice). The rate is logged every step
+    as pack/rows_split / pack/steps_used."""
+    global _warned_split
+    used, split = pack_metrics.get("pack/steps_used", 0.0), pack_metrics.get("pack/rows_split", 0.0)
+    if _warned_split or not used or split / used <= SPLIT_WARN_RATE:
+        return
+    _warned_split = True
+    log.warning("%d of %d LLM calls did not extend the previous turn's tokens and started a new train row (the "
+                "agent rewrote its history, or the upstream re-tokenized it): serve the policy with rllm's policy "
+                "server (exact turns) or keep the agent's history unchanged; see docs/gateway.md", split, used)
 
 
 def _skip_reason(episodes: list[Episode], groups: list[Any], rows: list[Any]) -> str:

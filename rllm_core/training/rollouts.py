@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rllm_core.backend import Backend, PolicyEndpoint
-from rllm_core.rollout import Rollout
+from rllm_core.rollout import Rollout, derive_seed
 from rllm_core.training.config import TrainConfig
 from rllm_core.types import Episode, Task
 
@@ -68,16 +68,20 @@ class RolloutStage:
     async def run(self, tasks: Sequence[Task], attempts: int, greedy: bool = False) -> list[Episode]:
         """Episodes of `tasks` × `attempts` at the training temperature (or greedy), scored."""
         config = self.config
-        endpoint = self.backend.policy_endpoint()
-        gateway = self._gateway_for(endpoint)
-        scorer = None if config.workflow == "none" else self.benchmark
-        sampling = {"temperature": 0.0 if greedy else config.temperature, "top_p": config.top_p,
-                    "max_tokens": config.max_tokens}
-        common: dict[str, Any] = {"model": endpoint.model, "attempts": attempts, "concurrency": config.concurrency,
-                                  "sampling": sampling, "benchmark": scorer, "timeout_s": config.episode_timeout_s,
-                                  "progress": False}
-        self.backend.before_rollouts()
+        self.backend.before_rollouts()  # first: a backend's replicas may move when they wake
         try:
+            endpoint = self.backend.policy_endpoint()
+            gateway = self._gateway_for(endpoint)
+            scorer = None if config.workflow == "none" else self.benchmark
+            # The batch's seed: (run seed, the policy version sampling it, the batch's tasks) stands for (seed, step),
+            # and all of it is restored by a resume, so a resumed run draws what the uninterrupted one would have.
+            # Each episode derives its own from it (task id, attempt), and each call from that (call index).
+            batch_seed = derive_seed(config.seed, endpoint.policy_version, greedy, *(t.id for t in tasks))
+            sampling = {"temperature": 0.0 if greedy else config.temperature, "top_p": config.top_p,
+                        "max_tokens": config.max_tokens, "seed": batch_seed}
+            common: dict[str, Any] = {"model": endpoint.model, "attempts": attempts, "concurrency": config.concurrency,
+                                      "sampling": sampling, "benchmark": scorer, "timeout_s": config.episode_timeout_s,
+                                      "progress": False}
             if config.rollout_workers > 0:
                 from rllm_core.distributed import run_episodes_ray, worker_gateway_client
 
