@@ -5,7 +5,7 @@ history splits most of them); a history the agent changed is never continued."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Annotated, Any, TypedDict
 
 import pytest
 from openai import AsyncOpenAI
@@ -15,6 +15,16 @@ from rllm_core.gateway.turns import TurnTracker
 from rllm_core.rollout import rollout
 from rllm_core.training.packing import pack_trajectory
 from rllm_core.types import Step, Task
+
+langchain_core = pytest.importorskip("langchain_core")
+from langchain_core.messages import AnyMessage  # noqa: E402
+from langgraph.graph.message import add_messages  # noqa: E402
+
+
+class ChatState(TypedDict):
+    """A LangGraph chat state (module level: LangGraph resolves its annotations from the module)."""
+
+    messages: Annotated[list[AnyMessage], add_messages]
 
 
 @pytest.fixture(scope="module")
@@ -126,3 +136,54 @@ def test_a_high_split_rate_is_said_once(monkeypatch: pytest.MonkeyPatch, caplog:
         loop._warn_if_turns_split({"pack/steps_used": 100.0, "pack/rows_split": 40.0})
     said = [r.getMessage() for r in caplog.records if "started a new train row" in r.getMessage()]
     assert len(said) == 1 and said[0].startswith("30 of 100 LLM calls")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("exact", [True, False])
+def test_langgraph_agent_turns_pack_into_one_row_on_rllm_policy_server(exact: bool) -> None:
+    """A LangGraph chat loop (ChatOpenAI, history in the graph state) against rllm's policy server at temperature 1:
+    its calls re-tokenize differently than they were sampled, and exact turns still give one row per trajectory."""
+    from langchain_core.messages import HumanMessage
+    from langchain_openai import ChatOpenAI
+    from langgraph.graph import END, START, StateGraph
+
+    from rllm_adapters.langgraph import RLLMCallbackHandler
+    from rllm_backends.local_torch.serving import start_policy_server
+    from rllm_core.engine import run_episodes
+
+    @rollout
+    def chat_loop(task: Task, config: Any) -> str:
+        llm = ChatOpenAI(base_url=config.base_url, api_key=config.api_key, model=config.model, temperature=1.0,
+                         max_tokens=6)
+
+        def talk(state: ChatState) -> dict[str, Any]:
+            reply = llm.invoke(state["messages"])
+            return {"messages": [reply, HumanMessage(f"go on ({len(state['messages'])})")]}
+
+        graph = StateGraph(ChatState)
+        graph.add_node("talk", talk)  # one node looping: its calls are one trajectory, as an agent node's are
+        graph.add_edge(START, "talk")
+        graph.add_conditional_edges("talk", lambda state: "talk" if len(state["messages"]) < 7 else END)
+        out = graph.compile().invoke({"messages": [HumanMessage(task.instruction)]},
+                                     config={"callbacks": [RLLMCallbackHandler()]})
+        return str(out["messages"][-2].content)
+
+    server = start_policy_server("tiny-random")
+    try:
+        upstream = server.upstream_config()  # exact turns on: the default for rllm's policy server
+        gateway = start_gateway([upstream if exact else upstream.model_copy(update={"exact_turns": False})])
+        try:
+            tasks = [Task(id=f"g{i}", instruction=f"Tell me a story about {i}") for i in range(6)]
+            episodes = asyncio.run(run_episodes(chat_loop, tasks, gateway=gateway, model=server.model_name,
+                                                concurrency=6, progress=False))
+        finally:
+            gateway.stop()
+    finally:
+        server.stop()
+    assert all(e.error is None and len(e.steps) == 3 for e in episodes), [e.error for e in episodes]
+    assert all(len(e.trajectories) == 1 for e in episodes)
+    rows = [len(pack_trajectory(e.trajectories[0], 1.0)[0]) for e in episodes]
+    if exact:
+        assert rows == [1] * len(episodes), rows
+    else:  # re-tokenized at temperature 1: most trajectories split (the bug exact turns fix)
+        assert sum(rows) > len(episodes), rows
