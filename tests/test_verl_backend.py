@@ -178,17 +178,17 @@ def test_gpu_path_calls_match_verl_signatures() -> None:
 
 
 def test_gpu_batches_are_padded_to_the_data_parallel_size_with_rows_that_train_nothing() -> None:
-    from rllm_backends.verl.backend import _pad_to_multiple
     from rllm_backends.verl.batch import rows_to_dataproto
+    from rllm_backends.verl.gpu_cluster import pad_to_multiple
     from rllm_core.training.packing import TrainRow
 
     rows = [TrainRow(tokens=[1, 2, 3, 4 + i], loss_mask=[0, 0, 1, 1], sampling_logprobs=[0, 0, -0.5, -0.6],
                      advantages=[0, 0, 1.0, 1.0], temperature=1.0) for i in range(5)]
     data = rows_to_dataproto(rows, pad_token_id=0)
-    padded = _pad_to_multiple(data, 4)
+    padded = pad_to_multiple(data, 4)
     assert len(padded) == 8 and float(padded.batch["response_mask"][5:].sum()) == 0.0
     assert float(padded.batch["advantages"][5:].abs().sum()) == 0.0
-    assert _pad_to_multiple(data, 5) is data
+    assert pad_to_multiple(data, 5) is data
 
 
 def test_backend_options_may_pick_the_engine_but_not_rllm_options(tmp_path: Path) -> None:

@@ -34,6 +34,8 @@ __all__ = ["VerlBackend", "require_verl"]
 log = logging.getLogger("rllm.verl")
 
 STATE_FILE = "verl_backend.json"
+_CPU_KEYS = ("actor_rollout_ref.actor.", "actor_rollout_ref.model.")
+"""The backend_options verl's CPU actor takes (it has no rollout engine, trainer or data section)."""
 ACTOR_DIR = "verl_actor"
 
 
@@ -122,9 +124,9 @@ class VerlBackend(BackendBase):
         from rllm_backends.verl.config import flatten
         from rllm_backends.verl.worker import remote_actor_worker
 
-        overrides = {**self.overrides, **flatten(self.config.backend_options)}  # actor/model keys apply here
-        ignored = sorted(k for k in flatten(self.config.backend_options)
-                         if not k.startswith(("actor_rollout_ref.actor.", "actor_rollout_ref.model.")))
+        passed = flatten(self.config.backend_options)
+        overrides = {**self.overrides, **passed}  # actor/model keys apply here
+        ignored = sorted(k for k in passed if not k.startswith(_CPU_KEYS))
         if ignored:
             log.warning("verl on CPU trains with verl's actor only: backend_options %s do not apply here",
                         ", ".join(ignored))
@@ -137,7 +139,7 @@ class VerlBackend(BackendBase):
         from rllm_backends.verl.gpu_cluster import VerlGpuCluster
 
         cfg = compose_trainer_config(self.config, path, self.config.output)
-        self._cluster = VerlGpuCluster(cfg)
+        self._cluster = VerlGpuCluster(cfg, seed=self.config.seed)
         self._cluster.sync(0)  # the replicas load the actor's weights: version 0 is served
 
     def _require(self) -> None:
@@ -176,20 +178,7 @@ class VerlBackend(BackendBase):
         try:
             if self.config.recompute_old_logprobs:
                 data = self._with_recomputed_old_logprobs(data)
-            if self._cluster is not None:
-                from verl.utils import tensordict_utils as tu
-                from verl.workers.utils.padding import left_right_2_no_padding
-
-                real = len(data)
-                data = _pad_to_multiple(data, self._cluster.dp_size)  # verl splits the batch evenly over ranks
-                td = left_right_2_no_padding(data.to_tensordict())
-                tu.assign_non_tensor(td, calculate_entropy=False, distillation_use_topk=False,
-                                     distillation_only=False, global_batch_size=real, mini_batch_size=len(data),
-                                     epochs=1, seed=self.config.seed, dataloader_kwargs={"shuffle": False},
-                                     compute_loss=True)
-                raw = self._cluster.update(td)
-            else:
-                raw = ray.get(self._actor.update.remote(data))
+            raw = self._cluster.update(data) if self._cluster is not None else ray.get(self._actor.update.remote(data))
         except ray.exceptions.RayError as exc:
             raise TrainingError(f"verl's update failed: {_last_line(exc)}") from None
         self.steps_done += 1
@@ -310,21 +299,6 @@ def _rename_metrics(raw: dict[str, Any], rows: list[TrainRow]) -> dict[str, floa
     out["train/rows"] = float(len(rows))
     out["train/trained_tokens"] = float(sum(sum(r.loss_mask[1:]) for r in rows))
     return out
-
-
-def _pad_to_multiple(data: Any, multiple: int) -> Any:
-    """`data` with copies of its first row, loss mask and advantages zeroed, up to a multiple of `multiple` rows
-    (verl chunks a batch evenly over its data-parallel ranks). The copies train nothing: token-mean losses are
-    normalised by the real rows' token count, and global_batch_size stays the real row count."""
-    short = -len(data) % multiple
-    if short == 0:
-        return data
-    from verl import DataProto
-
-    pad = data[[0] * short]
-    for key in ("response_mask", "advantages"):
-        pad.batch[key] = pad.batch[key] * 0
-    return DataProto.concat([data, pad])
 
 
 def _last_line(exc: BaseException) -> str:

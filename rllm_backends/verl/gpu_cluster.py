@@ -24,7 +24,7 @@ from rllm_core.errors import ConfigError
 if TYPE_CHECKING:
     from omegaconf import DictConfig
 
-__all__ = ["VerlGpuCluster", "check_gpus"]
+__all__ = ["VerlGpuCluster", "check_gpus", "pad_to_multiple"]
 
 ACTOR_ROLE = "actor_rollout"
 
@@ -39,7 +39,7 @@ def check_gpus(needed: int, available: float) -> None:
 class VerlGpuCluster:
     """The actor worker group, replicas and checkpoint engine of one verl config (see the module docstring)."""
 
-    def __init__(self, config: DictConfig) -> None:
+    def __init__(self, config: DictConfig, seed: int = 0) -> None:
         import ray
         from verl.checkpoint_engine import CheckpointEngineManager
         from verl.single_controller.ray import RayClassWithInitArgs, RayWorkerGroup, ResourcePoolManager
@@ -71,6 +71,7 @@ class VerlGpuCluster:
         self.checkpoints.sleep_replicas()  # as verl does: asleep until the first sync loads the weights
         self.awake = False
         self.step = 0
+        self.seed = seed
         self.dp_size = int(trainer.n_gpus_per_node) * int(trainer.nnodes)
 
     @property
@@ -98,12 +99,22 @@ class VerlGpuCluster:
         self.checkpoints.update_weights(step)
         self.awake = True
 
-    def update(self, batch_td: Any) -> dict[str, float]:
-        """One verl update (a single mini-batch, one epoch: one optimizer step, as rllm's loop expects)."""
+    def update(self, data: Any) -> dict[str, float]:
+        """One verl update of a padded DataProto (a single mini-batch, one epoch: one optimizer step, as rllm's
+        loop expects), sent the way verl's trainer sends it (``ray_trainer.py:1327-1375``)."""
         from verl.utils import tensordict_utils as tu
+        from verl.workers.utils.padding import left_right_2_no_padding
 
+        real = len(data)
+        data = pad_to_multiple(data, self.dp_size)  # verl splits the batch evenly over its ranks
+        batch_td = left_right_2_no_padding(data.to_tensordict())
+        tu.assign_non_tensor(batch_td, calculate_entropy=False, distillation_use_topk=False, distillation_only=False,
+                             global_batch_size=real, mini_batch_size=len(data), epochs=1, seed=self.seed,
+                             dataloader_kwargs={"shuffle": False}, compute_loss=True)
         output = self.actor_wg.update_actor(batch_td)
-        return {k: _scalar(v) for k, v in tu.get(output, "metrics").items()}  # verl's names: the backend maps them
+        from rllm_backends.verl.worker import metric_value
+
+        return {k: metric_value(v) for k, v in tu.get(output, "metrics").items()}  # verl's names: the backend maps them
 
     def save(self, path: str, step: int) -> None:
         self.actor_wg.save_checkpoint(path, hdfs_path=None, global_step=step, max_ckpt_to_keep=None)
@@ -123,8 +134,16 @@ class VerlGpuCluster:
             ray.kill(worker)
 
 
-def _scalar(value: Any) -> float:
-    """verl metrics are floats or lists of per-micro-batch floats: rllm logs their mean."""
-    if isinstance(value, list | tuple):
-        return float(sum(value) / len(value)) if value else 0.0
-    return float(value)
+def pad_to_multiple(data: Any, multiple: int) -> Any:
+    """`data` with copies of its first row, loss mask and advantages zeroed, up to a multiple of `multiple` rows
+    (verl chunks a batch evenly over its data-parallel ranks). The copies train nothing: token-mean losses are
+    normalised by the real rows' token count, and global_batch_size stays the real row count."""
+    short = -len(data) % multiple
+    if short == 0:
+        return data
+    from verl import DataProto
+
+    pad = data[[0] * short]
+    for key in ("response_mask", "advantages"):
+        pad.batch[key] = pad.batch[key] * 0
+    return DataProto.concat([data, pad])

@@ -54,7 +54,7 @@ if TYPE_CHECKING:
     import torch
     from verl import DataProto
 
-__all__ = ["CPU_ACTOR_DEFAULTS", "VerlActorWorker", "build_actor_config", "remote_actor_worker"]
+__all__ = ["CPU_ACTOR_DEFAULTS", "VerlActorWorker", "build_actor_config", "metric_value", "remote_actor_worker"]
 
 ACTOR_PREFIX = "actor_rollout_ref.actor."
 MODEL_PREFIX = "actor_rollout_ref.model."
@@ -146,9 +146,10 @@ def _ensure_process_group(backend: str) -> bool:
     return True
 
 
-def _to_float(value: Any) -> float:
+def metric_value(value: Any) -> float:
+    """One of verl's metrics as a float: a Metric, a tensor, or a list of per-micro-batch values (their mean)."""
     if isinstance(value, list | tuple):
-        vals = [_to_float(v) for v in value]
+        vals = [metric_value(v) for v in value]
         return sum(vals) / len(vals) if vals else float("nan")
     if hasattr(value, "value"):  # verl.utils.metric.Metric
         value = value.value
@@ -244,7 +245,7 @@ class VerlActorWorker:
         start = time.perf_counter()
         output = self.worker.train_mini_batch(td)
         seconds = time.perf_counter() - start
-        metrics = {key: _to_float(val) for key, val in tu.get(output, "metrics").items()}
+        metrics = {key: metric_value(val) for key, val in tu.get(output, "metrics").items()}
         metrics["update_seconds"] = seconds
         return metrics
 

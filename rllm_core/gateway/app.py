@@ -99,9 +99,10 @@ class _Gateway:
         return _error(401, "missing or wrong bearer token: send 'Authorization: Bearer <the gateway --api-key>'",
                       "authentication_error")
 
-    def _record(self, session_id: str, steps: list[Step]) -> None:
+    def _record(self, session_id: str, steps: list[Step], up: Upstream | None = None) -> None:
         self.store.add(session_id, steps)
-        self.turns.record(session_id, steps)
+        if up is not None and up.config.exact_turns:  # only these upstreams take the next turn's hint
+            self.turns.record(session_id, steps)
         pm = get_plugin_manager()  # looked up each time: tests and notebooks may reset it
         for step in steps:
             pm.emit("rllm_on_llm_call", step=step)
@@ -238,7 +239,7 @@ class _Gateway:
             error = f"upstream failed while sending its reply: {type(exc).__name__}: {exc}"
         out = asm.feed(body)
         tail, steps = asm.finish(error)
-        self._record(sid, steps)
+        self._record(sid, steps, up)
         if error is not None:
             return _error(504 if "timed out" in error else 502, error, "upstream_error")
         return web.Response(body=out + tail, status=resp.status, headers=self._client_headers(resp))
@@ -255,7 +256,7 @@ class _Gateway:
                 out = asm.feed(chunk)
                 if asm.done and not recorded:  # record before the client sees [DONE]
                     tail, steps = asm.finish(None)
-                    self._record(sid, steps)
+                    self._record(sid, steps, up)
                     recorded, out = True, out + tail
                 if out:
                     try:
@@ -275,7 +276,7 @@ class _Gateway:
         finally:
             if not recorded:
                 tail, steps = asm.finish(error)
-                self._record(sid, steps)
+                self._record(sid, steps, up)
                 if tail and not client_gone:
                     try:
                         await out_resp.write(tail)

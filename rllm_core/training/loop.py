@@ -97,17 +97,15 @@ class _Stages:
                                              max_tokens=config.max_seq_len, overlong=config.overlong)
             metrics.update(pack_metrics)
             _warn_if_turns_split(pack_metrics)
-            saved = False
             if not any(r.num_trained_tokens for r in rows):
                 metrics["skipped"] = _skip_reason(episodes, groups, rows)
                 log.info("step %d skipped: %s", step, metrics["skipped"])  # the display prints it once
+                self._save_episodes(step, episodes)
             else:
                 display.phase(f"step {step}: train on {len(rows)} rows")
                 with timer("train"):
                     update = backend.train_step(rows)  # a remote backend returns at once: overlap our I/O
-                    if config.save_episodes:
-                        self.run.save_episodes(f"step_{step}", episodes)
-                        saved = True
+                    self._save_episodes(step, episodes)
                     metrics.update(await resolve_metrics(update))
                 display.phase(f"step {step}: sync weights")
                 with timer("sync"):
@@ -116,10 +114,12 @@ class _Stages:
         metrics["throughput/tokens_per_s"] = metrics.get("pack/tokens", 0.0) / max(metrics["time/step_s"], 1e-9)
         if config.rollout_workers:
             metrics.update({f"ray/{k}": float(v) for k, v in self.rollouts.ray_stats.items()})
-        if config.save_episodes and not saved:
-            self.run.save_episodes(f"step_{step}", episodes)
         self.run.log("train", step, metrics)
         return metrics
+
+    def _save_episodes(self, step: int, episodes: list[Episode]) -> None:
+        if self.config.save_episodes:
+            self.run.save_episodes(f"step_{step}", episodes)
 
     async def validate(self, step: int, display: TrainDisplay) -> dict[str, Any]:
         """Held-out accuracy: sampled at the training temperature (eval_attempts per task), and greedy."""

@@ -31,7 +31,6 @@ class RolloutStage:
     def __init__(self, config: TrainConfig, rollout: Rollout, benchmark: Any, backend: Backend) -> None:
         self.config, self.rollout, self.benchmark, self.backend = config, rollout, benchmark, backend
         self._gateway: Any = None
-        self._upstreams: tuple[str, ...] = ()
         self._stack = contextlib.ExitStack()
         self._ray: Any = None  # the RayConnection with --rollout-workers
         self.ray_stats: dict[str, int] = {"retried": 0, "lost": 0, "worker_deaths": 0}
@@ -55,14 +54,14 @@ class RolloutStage:
         from rllm_core.distributed.ray_gateway import worker_gateway_bind
         from rllm_core.gateway import start_gateway
 
-        urls = endpoint.upstream_urls
+        upstreams = endpoint.upstream_configs()
         if self._gateway is None:  # loopback, unless Ray workers on other nodes must reach it
             host, token = worker_gateway_bind(self._ray)
-            self._gateway = start_gateway(endpoint.upstream_configs(), host=host, api_key=token)
-        elif urls != self._upstreams:
-            log.info("policy replicas changed: %s → %s", ", ".join(self._upstreams), ", ".join(urls))
-            self._gateway.set_upstreams(endpoint.upstream_configs())
-        self._upstreams = urls
+            self._gateway = start_gateway(upstreams, host=host, api_key=token)
+        elif upstreams != self._gateway.config.upstreams:
+            log.info("policy replicas changed: %s → %s", ", ".join(u.url for u in self._gateway.config.upstreams),
+                     ", ".join(u.url for u in upstreams))
+            self._gateway.set_upstreams(upstreams)
         return self._gateway
 
     async def run(self, tasks: Sequence[Task], attempts: int, greedy: bool = False) -> list[Episode]:
