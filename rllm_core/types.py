@@ -58,7 +58,7 @@ class Step(_Record):
     id: str = Field(default_factory=_new_id)
     agent: str | None = None
     """The agent / role / graph node that made the call; trajectories are split by it."""
-    endpoint: Literal["chat", "completions"] = "chat"
+    endpoint: Literal["chat", "completions", "responses"] = "chat"
     model: str | None = None
     messages: list[dict[str, Any]] | None = None
     prompt: str | list[int] | None = None

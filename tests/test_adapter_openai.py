@@ -18,11 +18,18 @@ from test_adapter_support import (
     fresh_warnings,  # noqa: F401  (autouse: once-only warnings fire again per test)
     trajectory_shape,
 )
+from test_responses_api import assert_responses_exact
 
 import rllm
 from rllm_adapters.openai_agents import install, run_config
 from rllm_adapters.openai_sdk import AGENT_HEADER, agent_of, wrap_client
 from rllm_core.testing.fake_upstream import FakeUpstream
+from rllm_core.types import Step
+
+
+def assert_call_exact(up: FakeUpstream, step: Step) -> None:
+    """`assert_wire_exact` for chat / completions Steps, its Responses twin for the Agents SDK's default model."""
+    (assert_responses_exact if step.endpoint == "responses" else assert_wire_exact)(up, step)
 
 
 def endpoint(config: rllm.RolloutConfig) -> str:
@@ -32,7 +39,7 @@ def endpoint(config: rllm.RolloutConfig) -> str:
 # --------------------------------------------------------------------------------------- wrap_client
 @rllm.rollout
 def sync_clients(task: rllm.Task, config: rllm.RolloutConfig) -> None:
-    base = openai.OpenAI(base_url=endpoint(config), api_key="EMPTY", max_retries=0)
+    base = openai.OpenAI(base_url=endpoint(config), api_key=config.api_key, max_retries=0)
     solver, critic = wrap_client(base, name="solver"), wrap_client(base, name="critic")
     msgs: Any = [{"role": "user", "content": "question"}]
     solver.chat.completions.create(model="fake", messages=msgs)
@@ -44,7 +51,7 @@ def sync_clients(task: rllm.Task, config: rllm.RolloutConfig) -> None:
 
 @rllm.rollout
 async def async_clients(task: rllm.Task, config: rllm.RolloutConfig) -> None:
-    base = openai.AsyncOpenAI(base_url=endpoint(config), api_key="EMPTY", max_retries=0)
+    base = openai.AsyncOpenAI(base_url=endpoint(config), api_key=config.api_key, max_retries=0)
     solver = wrap_client(base, name="solver")
     msgs: Any = [{"role": "user", "content": str(task.instruction)}]
     stream = await solver.chat.completions.create(model="fake", messages=msgs, stream=True)
@@ -115,10 +122,10 @@ async def test_agents_sdk_agent_with_tool(fake_upstream: FakeUpstream, stream: b
     assert first.tool_calls and first.tool_calls[0]["function"]["name"] == "add_one"
     assert any(m.get("role") == "tool" for m in second.messages or [])
     for step in episode.steps:
-        assert_wire_exact(fake_upstream, step)
+        assert_call_exact(fake_upstream, step)
         assert step.metadata["framework"] == "openai_agents" and step.metadata["trace_id"].startswith("trace_")
     assert all("/chat/completions" not in str(r) for r in fake_upstream.requests)  # bodies, not URLs
-    assert all("messages" in r for r in fake_upstream.requests)  # chat completions, not the Responses API
+    assert all("input" in r and "messages" not in r for r in fake_upstream.requests)  # the SDK's default API
 
 
 async def test_agents_sdk_handoff_names_each_agent_concurrently(fake_upstream: FakeUpstream) -> None:
@@ -132,7 +139,7 @@ async def test_agents_sdk_handoff_names_each_agent_concurrently(fake_upstream: F
         assert episode.trajectory("triage").steps[0].tool_calls[0]["function"]["name"] == "transfer_to_math"
         assert all(f"route {j}" not in episode_text(episode) for j in range(4) if j != i)
         for step in episode.steps:
-            assert_wire_exact(fake_upstream, step)
+            assert_call_exact(fake_upstream, step)
 
 
 async def test_agents_sdk_outside_rollout_is_adhoc(fake_upstream: FakeUpstream) -> None:
@@ -145,7 +152,7 @@ async def test_agents_sdk_outside_rollout_is_adhoc(fake_upstream: FakeUpstream) 
     episode = processor.adhoc_episodes[-1]
     assert trajectory_shape(episode) == [("loose", 2)]
     for step in episode.steps:
-        assert_wire_exact(fake_upstream, step)
+        assert_call_exact(fake_upstream, step)
     with pytest.raises(ValueError, match="base_url"):
         run_config()
 

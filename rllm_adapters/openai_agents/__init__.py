@@ -1,4 +1,5 @@
-"""OpenAI Agents SDK adapter: chat completions (captured), no trace export, one Trajectory per agent.
+"""OpenAI Agents SDK adapter: its Responses API (or chat completions) captured, no trace export, one Trajectory
+per agent.
 
     from rllm_adapters.openai_agents import run_config
     result = await Runner.run(agent, task.instruction, run_config=run_config(config))   # in @rllm.rollout

@@ -1,7 +1,8 @@
 """`install()` and `run_config()`: the OpenAI Agents SDK switched to captured, offline-safe, named calls.
 
-- The SDK defaults to the Responses API, which capture does not record (no token ids on that wire):
-  `install()` switches it to chat completions (`set_default_openai_api("chat_completions")`).
+- The SDK defaults to the Responses API, which capture records like chat (token ids and logprobs from vLLM's
+  Responses fields, see `rllm_core.capture.responses`), so that default is kept. Opt in to chat completions
+  with `install(chat_completions=True)` (process-wide) or `run_config(config, use_responses=False)`.
 - Its default trace processor exports every span to api.openai.com from a background thread; offline that
   means retries and warnings, and in training it means uploading prompts. `install()` replaces it with
   `RLLMTracingProcessor`, which exports nothing (pass `export_traces=True` to keep OpenAI's exporter too).
@@ -31,16 +32,19 @@ _lock = threading.Lock()
 _processor: RLLMTracingProcessor | None = None
 
 
-def install(*, export_traces: bool = False) -> RLLMTracingProcessor:
-    """Switch the Agents SDK to chat completions and to rllm's trace processor; idempotent.
+def install(*, export_traces: bool = False, chat_completions: bool = False) -> RLLMTracingProcessor:
+    """Switch the Agents SDK to rllm's trace processor (and, if asked, to chat completions); idempotent.
 
     The SDK's processors become exactly `[RLLMTracingProcessor]`, or with `export_traces=True`
-    `[RLLMTracingProcessor, the SDK's default exporting processor]`; the last call decides. Returns the
-    process-wide processor (its `adhoc_episodes` hold runs made outside @rllm.rollout).
+    `[RLLMTracingProcessor, the SDK's default exporting processor]`; the last call decides. The API the SDK's
+    models use is left as it is (its default, the Responses API, is captured) unless `chat_completions=True`
+    (`set_default_openai_api("chat_completions")`). Returns the process-wide processor (its
+    `adhoc_episodes` hold runs made outside @rllm.rollout).
     """
     global _processor
     with _lock:
-        set_default_openai_api("chat_completions")
+        if chat_completions:
+            set_default_openai_api("chat_completions")
         if _processor is None:
             _processor = RLLMTracingProcessor()
         # set, never add: installing twice must not register the processor twice (each agent span
@@ -77,10 +81,13 @@ def installed_processor() -> RLLMTracingProcessor | None:
 
 
 def run_config(config: Any = None, *, base_url: str | None = None, model: str | None = None,
-               api_key: str | None = None, **kwargs: Any) -> RunConfig:
-    """A `RunConfig` that sends this run's model calls to the episode's endpoint over chat completions.
+               api_key: str | None = None, use_responses: bool | None = None, **kwargs: Any) -> RunConfig:
+    """A `RunConfig` that sends this run's model calls to the episode's endpoint.
 
     Pass the rollout's `RolloutConfig` (`run_config(config)`), or `base_url=` / `model=` / `api_key=`.
+    `use_responses` picks the API: None follows the SDK's default (the Responses API unless
+    `install(chat_completions=True)` or `set_default_openai_api` said otherwise), False chat completions;
+    both are captured.
     One RunConfig per episode keeps concurrent episodes on their own session URLs, which a global
     `set_default_openai_client` cannot, and gives each its own HTTP client: the SDK's default provider
     shares one process-wide client, bound to the first event loop, so the next `asyncio.run` (a new
@@ -93,5 +100,5 @@ def run_config(config: Any = None, *, base_url: str | None = None, model: str | 
     model = model or getattr(config, "model", None)
     api_key = api_key or getattr(config, "api_key", None) or "EMPTY"
     client = AsyncOpenAI(base_url=base_url, api_key=api_key, http_client=_unpooled_http_client())
-    provider = OpenAIProvider(openai_client=client, use_responses=False)
+    provider = OpenAIProvider(openai_client=client, use_responses=use_responses)
     return RunConfig(model=model, model_provider=provider, **kwargs)

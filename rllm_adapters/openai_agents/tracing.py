@@ -4,7 +4,8 @@ The SDK opens an agent span (`AgentSpanData`, with the agent's name) around ever
 same task that then calls the model, and calls its trace processors synchronously from there. So setting
 `rllm.agent_scope(agent name)` in `on_span_start` and undoing it in `on_span_end` names every model request
 of that turn — across handoffs, tools and nested agents-as-tools — with no change to the user's agent.
-Generation spans (one per model call) are logged for the join with their trace and span ids.
+Model calls are logged for the join with their trace and span ids: generation spans (chat completions) by
+their messages' fingerprint, response spans (the Responses API, the SDK's default) by the response id, exact.
 
 Runs outside @rllm.rollout get an ad-hoc episode per trace (`adhoc_episodes`).
 """
@@ -15,7 +16,7 @@ import threading
 from collections import deque
 from typing import Any
 
-from agents.tracing import AgentSpanData, GenerationSpanData, Span, Trace, TracingProcessor
+from agents.tracing import AgentSpanData, GenerationSpanData, ResponseSpanData, Span, Trace, TracingProcessor
 
 from rllm_adapters._common import (
     CallRecord,
@@ -80,6 +81,8 @@ class RLLMTracingProcessor(TracingProcessor):
                 restore()
         elif isinstance(data, GenerationSpanData):
             self._log_generation(span, data)
+        elif isinstance(data, ResponseSpanData):
+            self._log_response(span, data)
 
     def _log_generation(self, span: Span[Any], data: GenerationSpanData) -> None:
         ctx = current_episode()
@@ -91,6 +94,19 @@ class RLLMTracingProcessor(TracingProcessor):
         fp = fingerprint(messages) if messages and all(isinstance(m, dict) for m in messages) else None
         call_log.add(ctx.session_id, CallRecord(
             framework="openai_agents", agent=agent, fingerprint=fp,
+            metadata={"trace_id": span.trace_id, "span_id": span.span_id, "parent_span_id": span.parent_id,
+                      "agent": agent},
+        ))
+
+    def _log_response(self, span: Span[Any], data: ResponseSpanData) -> None:
+        ctx = current_episode()
+        if ctx is None:
+            return
+        with self._lock:
+            agent = self._agents.get(span.parent_id or "") or current_agent()
+        rid = getattr(data.response, "id", None) or getattr(data, "_response_id", None)
+        call_log.add(ctx.session_id, CallRecord(
+            framework="openai_agents", agent=agent, response_id=rid if isinstance(rid, str) else None,
             metadata={"trace_id": span.trace_id, "span_id": span.span_id, "parent_span_id": span.parent_id,
                       "agent": agent},
         ))

@@ -1,7 +1,7 @@
 """OpenAI SDK adapter: capture needs nothing; `wrap_client` adds the agent name.
 
     from rllm_adapters.openai_sdk import wrap_client
-    solver = wrap_client(openai.OpenAI(base_url=config.base_url, api_key="EMPTY"), name="solver")
+    solver = wrap_client(openai.OpenAI(base_url=config.base_url, api_key=config.api_key), name="solver")
 """
 
 from __future__ import annotations

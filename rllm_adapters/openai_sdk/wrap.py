@@ -3,7 +3,8 @@
 Capture of plain OpenAI SDK calls needs no adapter (in-process capture patches the HTTP layer under it).
 What the wrapper adds is the name: the copy it returns sends `X-RLLM-Agent: <name>` (which the gateway
 records) and sets `rllm.agent_scope(name)` around each request (which in-process capture records), so
-chat completions, completions and streaming calls all land in the `<name>` trajectory.
+chat completions, completions, Responses API (`client.responses.create`) and streaming calls all land in the
+`<name>` trajectory.
 
 The copy is an instance of a small subclass of the client's own class (made once per class), so it is
 still an `openai.OpenAI` / `AsyncOpenAI` for type checks, and `with_options` copies of it keep the name.

@@ -12,6 +12,7 @@ the `X-RLLM-Agent` header so the gateway knows which agent made them.
 from __future__ import annotations
 
 import functools
+import logging
 import threading
 import zlib
 from collections.abc import AsyncIterator, Iterator
@@ -20,10 +21,15 @@ from typing import Any
 
 from rllm_core.capture.assemble import CallAssembler, error_step
 from rllm_core.capture.request import CallRequest, endpoint_of, is_loopback, prepare_call
+from rllm_core.capture.responses import make_assembler
+from rllm_core.capture.unrecorded import check_unrecorded, note_unrecorded
 from rllm_core.context import AGENT_HEADER, StepRecorder, current_agent, current_episode
 from rllm_core.errors import CaptureError
+from rllm_core.types import Step
 
 __all__ = ["install", "is_installed", "uninstall"]
+
+log = logging.getLogger("rllm.capture")
 
 _CLOSED_EARLY = "the client closed the response before it ended"
 _lock = threading.Lock()
@@ -35,6 +41,8 @@ class _Recording:
 
     We ask for `accept-encoding: identity`; a server that compresses anyway is read through zlib and its
     bytes reach the client untouched (nothing stripped: rewriting compressed bytes is not worth it).
+    `feed` and `finish` never raise (the assembler's never do; a corrupt gzip stream or a failing recorder
+    is logged and recorded as an error), so capture can only cost a Step, never the caller's call.
     """
 
     def __init__(self, asm: CallAssembler, recorder: StepRecorder, encoding: str = "") -> None:
@@ -51,25 +59,49 @@ class _Recording:
         if self.recorded:
             return chunk
         if not self.rewrite:
-            self.asm.feed(self.decoder.decompress(chunk) if self.decoder is not None else b"")
-            if self.asm.done and self.asm.sse:
-                self.finish(None)
+            self._observe(chunk)
             return chunk
         out = self.asm.feed(chunk)
         if self.asm.done and self.asm.sse:  # record before the client sees [DONE] and moves on
             out += self.finish(None)
         return out
 
+    def _observe(self, chunk: bytes, flush: bool = False) -> None:
+        """Parse a decoded copy of compressed bytes; the client gets them as they came."""
+        if self.decoder is None:
+            return
+        try:
+            data = self.decoder.flush() if flush else self.decoder.decompress(chunk)
+        except zlib.error as exc:
+            self.decoder, self.unreadable = None, f"corrupt compressed data ({exc})"
+            return
+        self.asm.feed(data)
+        if self.asm.done and self.asm.sse and not flush:
+            self.finish(None)
+
     def finish(self, error: str | None) -> bytes:
         if self.recorded:
             return b""
+        if not self.rewrite:
+            self._observe(b"", flush=True)
         self.recorded = True
         if self.unreadable and error is None:
             error = f"cannot read a response with content-encoding {self.unreadable!r}; the call was not parsed"
-        tail, steps = self.asm.finish(error)
-        for step in steps:
-            self.recorder.record(step)
+        try:
+            tail, steps = self.asm.finish(error)
+        except Exception as exc:  # an assembler that overrides finish() (it should override the hooks)
+            log.warning("capture: %s.finish failed", type(self.asm).__name__, exc_info=True)
+            tail, steps = b"", [error_step(self.asm.call, f"capture failed ({type(exc).__name__}: {exc})")]
+        _record_all(self.recorder, steps)
         return tail if self.rewrite else b""
+
+
+def _record_all(recorder: StepRecorder, steps: list[Step]) -> None:
+    for step in steps:
+        try:
+            recorder.record(step)
+        except Exception:  # a recorder that fails costs this Step, never the caller's call
+            log.exception("capture: recording a Step failed; the call itself went through")
 
 
 class _TeeSyncStream:
@@ -133,20 +165,24 @@ def _plan(lib: ModuleType, request: Any) -> tuple[Any, CallRequest, StepRecorder
     ctx = current_episode()
     if ctx is None or request.method != "POST":
         return None
-    endpoint = endpoint_of(request.url.path)
-    if endpoint is None:
-        return None
     url = str(request.url)
     if ctx.gateway_url and url.startswith(ctx.gateway_url):
         agent = current_agent()
         if agent and AGENT_HEADER not in request.headers:
             request.headers[AGENT_HEADER] = agent
+        return None  # the gateway records (and counts) these itself
+    endpoint = endpoint_of(request.url.path)
+    if endpoint is None:
+        check_unrecorded(request.url.host, request.url.path, session=ctx.session_id)  # loud, never silent
         return None
     try:
         raw = request.content
     except Exception:  # a streamed request body: not an OpenAI-style call we can parse
+        note_unrecorded(request.url.path, "its request body is streamed, so it cannot be parsed",
+                        host=request.url.host, session=ctx.session_id)
         return None
-    upstream = url.split("?", 1)[0].removesuffix("/chat/completions").removesuffix("/completions")
+    upstream = (url.split("?", 1)[0].removesuffix("/chat/completions").removesuffix("/completions")
+                .removesuffix("/responses"))
     try:
         call, sent = prepare_call(raw, endpoint, upstream=upstream, inject=is_loopback(url), agent=current_agent())
     except CaptureError:
@@ -161,16 +197,15 @@ def _plan(lib: ModuleType, request: Any) -> tuple[Any, CallRequest, StepRecorder
 
 def _recording(resp: Any, call: CallRequest, recorder: StepRecorder, tokenizer: Any) -> _Recording:
     sse = "text/event-stream" in resp.headers.get("content-type", "")
-    asm = CallAssembler(call, sse=sse, tokenizer=tokenizer)
+    asm = make_assembler(call, sse=sse, tokenizer=tokenizer)
     return _Recording(asm, recorder, resp.headers.get("content-encoding", ""))
 
 
 def _record_read(resp: Any, call: CallRequest, recorder: StepRecorder, tokenizer: Any) -> None:
     """Record a response whose (decoded) body is already in memory; it reaches the client unchanged."""
-    asm = CallAssembler(call, sse="text/event-stream" in resp.headers.get("content-type", ""), tokenizer=tokenizer)
+    asm = make_assembler(call, sse="text/event-stream" in resp.headers.get("content-type", ""), tokenizer=tokenizer)
     asm.feed(resp.content)
-    for step in asm.finish(None)[1]:
-        recorder.record(step)
+    _record_all(recorder, asm.finish(None)[1])
 
 
 def _upstream_error(resp: Any) -> str:

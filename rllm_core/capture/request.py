@@ -3,6 +3,12 @@
 Both transports (gateway, in-process) call `prepare_call` on the raw request body. It records what the client
 asked for (so the fields we add can be stripped from what it gets back) and, for upstreams that support it,
 asks for `logprobs` and `return_token_ids` so every Step carries the server's own ids.
+
+The Responses API (`POST .../responses`) asks in vLLM's own Responses fields instead (vLLM's `ResponsesRequest`
+has no `return_token_ids`): `include: ["message.output_text.logprobs"]` (with `top_logprobs: 0` when unset, the
+sampled token's logprob only) for logprobs, and `enable_response_messages: true` for token ids, which makes vLLM
+(and rllm's policy server) return `input_messages` / `output_messages` as `{"type": "raw_message_tokens",
+"message": ..., "tokens": [...]}`: the prompt's and the completion's ids.
 """
 
 from __future__ import annotations
@@ -16,11 +22,15 @@ from urllib.parse import urlsplit
 from rllm_core.capture import _json
 from rllm_core.errors import CaptureError
 
-__all__ = ["CallRequest", "Endpoint", "endpoint_of", "is_loopback", "prepare_call"]
+__all__ = ["LOGPROBS_INCLUDE", "CallRequest", "Endpoint", "endpoint_of", "is_loopback", "prepare_call"]
 
-Endpoint = Literal["chat", "completions"]
+Endpoint = Literal["chat", "completions", "responses"]
+
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+"""The Responses API's `include` entry that asks for output-text logprobs (OpenAI's and vLLM's name)."""
 
 _NOT_PARAMS = frozenset({"messages", "prompt", "model"})
+_NOT_RESPONSES_PARAMS = frozenset({"input", "instructions", "model"})
 
 
 @dataclass(slots=True)
@@ -48,16 +58,24 @@ class CallRequest:
 
     @property
     def params(self) -> dict[str, Any]:
-        return {k: v for k, v in self.body.items() if k not in _NOT_PARAMS}
+        """Sampling parameters: the body less what becomes the Step's prompt (messages / prompt / input)."""
+        skip = _NOT_RESPONSES_PARAMS if self.endpoint == "responses" else _NOT_PARAMS
+        return {k: v for k, v in self.body.items() if k not in skip}
 
 
 def endpoint_of(path: str) -> Endpoint | None:
-    """`chat` for .../chat/completions, `completions` for .../completions, None for anything else."""
-    path = "/" + path.strip("/")
+    """`chat` for .../chat/completions, `completions` for .../completions, `responses` for .../responses.
+
+    Only the generating POST of the Responses API is one: `.../responses/{id}` (retrieve, delete),
+    `.../responses/{id}/cancel` and `.../input_items` return stored objects, not a new generation (None).
+    """
+    path = "/" + path.split("?", 1)[0].strip("/")
     if path.endswith("/chat/completions"):
         return "chat"
     if path.endswith("/completions"):
         return "completions"
+    if path.endswith("/responses"):
+        return "responses"
     return None
 
 
@@ -95,6 +113,8 @@ def prepare_call(
     call = CallRequest(endpoint=endpoint, body=body, upstream=upstream, agent=agent)
     if not inject:
         return call, raw
+    if endpoint == "responses":
+        return _prepare_responses(call, raw)
     call.wants_logprobs = _asked(body.get("logprobs"))
     call.wants_token_ids = _asked(body.get("return_token_ids"))
     if not call.strips:
@@ -105,4 +125,25 @@ def prepare_call(
         sent["logprobs"] = True
     if not call.wants_token_ids:
         sent["return_token_ids"] = True
+    return call, _json.dumps(sent)
+
+
+def _prepare_responses(call: CallRequest, raw: bytes) -> tuple[CallRequest, bytes]:
+    """Ask a Responses upstream for logprobs and token ids in vLLM's Responses fields (module docstring)."""
+    body = call.body
+    include = body.get("include")
+    include = include if isinstance(include, list) else []
+    call.wants_logprobs = LOGPROBS_INCLUDE in include
+    call.wants_token_ids = _asked(body.get("enable_response_messages"))
+    if body.get("background"):  # vLLM returns raw messages only for foreground requests: ask for nothing
+        call.wants_logprobs = call.wants_token_ids = True
+    if not call.strips:
+        return call, raw
+    sent = dict(body)
+    if not call.wants_logprobs:
+        sent["include"] = [*include, LOGPROBS_INCLUDE]
+        if sent.get("top_logprobs") is None:  # vLLM: null means no logprobs even when included; 0 = sampled only
+            sent["top_logprobs"] = 0
+    if not call.wants_token_ids:
+        sent["enable_response_messages"] = True
     return call, _json.dumps(sent)

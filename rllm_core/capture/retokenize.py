@@ -66,7 +66,7 @@ def retokenize(
 ) -> tuple[list[int], list[int]]:
     """Return (prompt_token_ids, completion_token_ids) rebuilt from text with `tokenizer`."""
     tok = resolve_tokenizer(tokenizer)
-    if endpoint == "chat":
+    if endpoint in ("chat", "responses"):  # a Responses step is chat-shaped (messages from its input)
         prompt_text = _render(tok, messages or [], tools, gen_prompt=True)
         prompt_ids = _encode(tok, prompt_text, special=False)
         if tool_calls:

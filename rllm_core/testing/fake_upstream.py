@@ -2,7 +2,9 @@
 
 Tokens are UTF-8 bytes offset by 3 (so ids are exact and checkable), logprobs a fixed function of the id,
 and the reply text comes from a `responder` the test chooses. It returns `prompt_token_ids` and per-choice
-`token_ids` only when asked (`return_token_ids: true`) and logprobs only when asked, like vLLM. It serves
+`token_ids` only when asked (`return_token_ids: true`) and logprobs only when asked, like vLLM. `/v1/responses`
+answers in vLLM's Responses shape (`responses_api.py`): logprobs with `include: ["message.output_text.logprobs"]`,
+token ids as `input_messages` / `output_messages` with `enable_response_messages: true`. It serves
 on 127.0.0.1 on a free port from a background thread and records every request body (and Authorization
 header) it received.
 """
@@ -59,6 +61,8 @@ def default_responder(body: dict[str, Any]) -> Reply:
 
 
 def _prompt_ids(body: dict[str, Any]) -> list[int]:
+    if "input" in body:  # the Responses API: instructions and input, as sent
+        return encode(json.dumps([body.get("instructions"), body["input"]], sort_keys=True, separators=(",", ":")))
     if "messages" in body:
         return encode(json.dumps(body["messages"], sort_keys=True, separators=(",", ":")))
     prompt = body.get("prompt", "")
@@ -85,6 +89,7 @@ class FakeUpstream:
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
+        app.router.add_post("/v1/responses", self._responses)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", lambda r: web.json_response({"status": "ok"}))
         return app
@@ -105,6 +110,96 @@ class FakeUpstream:
         if max_tokens is not None and len(encode(text)) > max_tokens:
             return decode(encode(text)[:max_tokens]), None, "length"
         return text, None, "stop"
+
+    async def _responses(self, request: web.Request) -> web.StreamResponse:
+        """`POST /v1/responses`: the responder sees the request as chat (messages, nested tools, max_tokens)."""
+        from rllm_core.capture.responses import chat_tools, input_to_messages
+
+        body = await request.json()
+        self.requests.append(body)
+        self.authorizations.append(request.headers.get("Authorization"))
+        if self.delay_s:
+            await asyncio.sleep(self.delay_s)
+        chat_view = {**body, "messages": input_to_messages(body), "tools": chat_tools(body.get("tools")),
+                     "max_tokens": body.get("max_output_tokens")}
+        text, call, finish = self._reply_parts(chat_view)
+        n = len(self.requests)
+        ids, prompt_ids = encode(text), _prompt_ids(body)
+        want_lp = "message.output_text.logprobs" in (body.get("include") or [])
+        want_ids = bool(body.get("enable_response_messages"))
+        entries = [self._lp_entry(t) for t in ids] if want_lp else []
+        if call:
+            item: dict[str, Any] = {"type": "function_call", "id": f"fc_{n}", "call_id": call["id"],
+                                    "name": call["function"]["name"], "arguments": text, "status": "completed"}
+        else:
+            item = {"type": "message", "id": f"msg_{n}", "role": "assistant", "status": "completed",
+                    "content": [{"type": "output_text", "text": text, "annotations": [],
+                                 "logprobs": entries if want_lp else None}]}
+        full: dict[str, Any] = {
+            "id": f"resp_{n}", "object": "response", "created_at": int(time.time()),
+            "model": body.get("model", "fake-model"), "status": "incomplete" if finish == "length" else "completed",
+            "incomplete_details": {"reason": "max_output_tokens"} if finish == "length" else None,
+            "instructions": body.get("instructions"), "output": [item], "parallel_tool_calls": True,
+            "tool_choice": body.get("tool_choice", "auto"), "tools": body.get("tools") or [],
+            "temperature": body.get("temperature", 1.0), "top_p": body.get("top_p", 1.0),
+            "top_logprobs": body.get("top_logprobs") if want_lp else None, "error": None,
+            "usage": {"input_tokens": len(prompt_ids), "input_tokens_details": {"cached_tokens": 0},
+                      "output_tokens": len(ids), "output_tokens_details": {"reasoning_tokens": 0},
+                      "total_tokens": len(prompt_ids) + len(ids)},
+            "policy_version": self.policy_version,
+            "input_messages": [{"type": "raw_message_tokens", "message": "", "tokens": prompt_ids}] if want_ids
+            else None,
+            "output_messages": [{"type": "raw_message_tokens", "message": text, "tokens": ids,
+                                 **({"logprobs": [token_logprob(t) for t in ids]} if want_lp else {})}]
+            if want_ids else None,
+        }
+        if not body.get("stream"):
+            return web.json_response(full)
+        return await self._responses_stream(request, full, item, ids, want_lp)
+
+    async def _responses_stream(self, request: web.Request, full: dict[str, Any], item: dict[str, Any],
+                                ids: list[int], want_lp: bool) -> web.StreamResponse:
+        """The OpenAI event sequence, named (`event:` lines) like vLLM's; no `[DONE]`: it ends at completed."""
+        resp = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await resp.prepare(request)
+        seq = 0
+
+        async def send(kind: str, **payload: Any) -> None:
+            nonlocal seq
+            data = json.dumps({"type": kind, "sequence_number": seq, **payload})
+            seq += 1
+            await resp.write(f"event: {kind}\ndata: {data}\n\n".encode())
+
+        start = {**full, "status": "in_progress", "output": [], "usage": None, "input_messages": None,
+                 "output_messages": None, "incomplete_details": None}
+        await send("response.created", response=start)
+        await send("response.in_progress", response=start)
+        if item["type"] == "function_call":
+            await send("response.output_item.added", output_index=0, item={**item, "arguments": "",
+                                                                          "status": "in_progress"})
+            for k in range(0, len(ids), 4):  # argument fragments, merged by the receiver
+                await send("response.function_call_arguments.delta", item_id=item["id"], output_index=0,
+                           delta=decode(ids[k:k + 4]))
+            await send("response.function_call_arguments.done", item_id=item["id"], output_index=0,
+                       arguments=item["arguments"])
+        else:
+            part = item["content"][0]
+            await send("response.output_item.added", output_index=0, item={**item, "status": "in_progress",
+                                                                          "content": []})
+            empty = {**part, "text": "", "logprobs": [] if want_lp else None}
+            await send("response.content_part.added", item_id=item["id"], output_index=0, content_index=0,
+                       part=empty)
+            for t in ids:
+                await send("response.output_text.delta", item_id=item["id"], output_index=0, content_index=0,
+                           delta=decode([t]), logprobs=[self._lp_entry(t)] if want_lp else [])
+            await send("response.output_text.done", item_id=item["id"], output_index=0, content_index=0,
+                       text=part["text"], logprobs=part["logprobs"] or [])
+            await send("response.content_part.done", item_id=item["id"], output_index=0, content_index=0,
+                       part=part)
+        await send("response.output_item.done", output_index=0, item=item)
+        await send(f"response.{full['status']}", response=full)
+        await resp.write_eof()
+        return resp
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=True)

@@ -18,6 +18,7 @@ __all__ = [
     "ChatRequest",
     "CompletionRequest",
     "RequestError",
+    "ResponsesRequest",
     "describe_validation_error",
     "sampling_params",
 ]
@@ -129,6 +130,59 @@ class CompletionRequest(_Request):
         return p  # type: ignore[return-value]
 
 
+LOGPROBS_INCLUDE = "message.output_text.logprobs"
+
+
+class ResponsesRequest(_Request):
+    """`POST /v1/responses` (vLLM's `ResponsesRequest` fields this server acts on); rendered as a chat call."""
+
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    max_output_tokens: int | None = Field(None, ge=1)
+    include: list[str] | None = None
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS)
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: Any = None
+    enable_response_messages: bool = False
+    """vLLM's field: return the prompt and completion token ids as `input_messages` / `output_messages`."""
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @model_validator(mode="after")
+    def _supported(self) -> ResponsesRequest:
+        """Refuse, with what to do instead, what this stateless, function-tools-only server cannot honour."""
+        extra = self.model_extra or {}
+        if self.n != 1:
+            raise ValueError("the Responses API has no n; send n separate requests")
+        if (isinstance(self.input, str) and not self.input) or (isinstance(self.input, list) and not self.input):
+            raise ValueError("input is empty; send a string or a list of input items")
+        if extra.get("previous_response_id"):
+            raise ValueError("previous_response_id needs a stored response and this server stores none; "
+                             "send the whole conversation as input items (store=false)")
+        if extra.get("background"):
+            raise ValueError("background responses are not supported here; send the request without background")
+        builtin = sorted({str(t.get("type")) for t in self.tools or [] if t.get("type") != "function"})
+        if builtin:
+            raise ValueError(f"only function tools are served here, not {builtin}; run built-in tools yourself and "
+                             "offer them as function tools")
+        fmt = ((extra.get("text") or {}).get("format") or {}) if isinstance(extra.get("text"), dict) else {}
+        if isinstance(fmt, dict) and fmt.get("type") not in (None, "text"):
+            raise ValueError(f"text.format {fmt.get('type')!r} (structured output) is not supported here; "
+                             "ask for JSON in the instructions instead")
+        return self
+
+    @property
+    def max_new(self) -> int | None:
+        return self.max_output_tokens or self.max_tokens
+
+    @property
+    def want_logprobs(self) -> bool:
+        return LOGPROBS_INCLUDE in (self.include or [])
+
+    @property
+    def n_top(self) -> int:
+        return (self.top_logprobs or 0) if self.want_logprobs else 0
+
+
 def describe_validation_error(exc: ValidationError) -> RequestError:
     """The first problem of a pydantic error as one actionable sentence naming the field and the value."""
     err = exc.errors()[0]
@@ -138,7 +192,7 @@ def describe_validation_error(exc: ValidationError) -> RequestError:
     return RequestError(f"invalid value for {field!r}: {err.get('msg')}{shown}", param=field)
 
 
-def sampling_params(req: ChatRequest | CompletionRequest, prompt_len: int, context_length: int,
+def sampling_params(req: ChatRequest | CompletionRequest | ResponsesRequest, prompt_len: int, context_length: int,
                     default_max_tokens: int | None) -> SamplingParams:
     """Turn a validated request into SamplingParams, refusing prompts that cannot fit the context."""
     room = context_length - prompt_len
