@@ -94,7 +94,7 @@ def test_outside_an_episode_nothing_is_touched(fake_upstream):
 def test_calls_to_the_gateway_are_left_to_it_but_get_the_agent_header(fake_upstream):
     with start_gateway([UpstreamConfig(url=fake_upstream.base_url)]) as gw:
         ctx = EpisodeContext(session_id="g", gateway_url=gw.url)
-        client = openai.OpenAI(base_url=gw.session_base_url("g"), api_key="x", max_retries=0)
+        client = openai.OpenAI(base_url=gw.session_base_url("g"), api_key=gw.client_api_key, max_retries=0)
         with episode_scope(ctx), agent_scope("critic"):
             client.chat.completions.create(model="m", messages=MSGS)
         assert ctx.recorder.steps() == []  # not recorded twice
@@ -193,7 +193,7 @@ def test_assembler_faults_become_errors_not_exceptions():
 def test_upstream_without_ids_is_retokenized_and_marked(fake_upstream, tiny_tokenizer):
     up = UpstreamConfig(url=fake_upstream.base_url, inject_token_ids=False, tokenizer=str(tiny_tokenizer))
     with start_gateway([up]) as gw:
-        client = openai.OpenAI(base_url=gw.session_base_url("rt"), api_key="x", max_retries=0)
+        client = openai.OpenAI(base_url=gw.session_base_url("rt"), api_key=gw.client_api_key, max_retries=0)
         client.chat.completions.create(model="m", messages=MSGS)
         client.completions.create(model="m", prompt="2+2=")
         chat, comp = gw.take_steps("rt")

@@ -25,6 +25,11 @@ MSGS = [{"role": "user", "content": "hi"}]
 BODY = {"model": "m", "messages": MSGS}
 
 
+def auth(gw: Any, **extra: str) -> dict[str, str]:
+    """The token header every gateway needs (generated when none is given), plus any extra headers."""
+    return {"Authorization": f"Bearer {gw.client_api_key}", **extra}
+
+
 @contextmanager
 def serve_app(app: web.Application) -> Iterator[str]:
     """Serve an aiohttp app on 127.0.0.1:<free port> from a thread; yields its base URL (+/v1)."""
@@ -80,9 +85,9 @@ def gateway(fake_upstream):
 
 def test_malformed_json_is_a_400_with_a_message(gateway):
     url = gateway.session_base_url("bad") + "/chat/completions"
-    r = httpx.post(url, content=b"{not json", headers={"Content-Type": "application/json"})
+    r = httpx.post(url, content=b"{not json", headers=auth(gateway, **{"Content-Type": "application/json"}))
     assert r.status_code == 400 and "not valid JSON" in r.json()["error"]["message"]
-    r = httpx.post(url, json=[1, 2])
+    r = httpx.post(url, json=[1, 2], headers=auth(gateway))
     assert r.status_code == 400 and "JSON object" in r.json()["error"]["message"]
     assert gateway.steps("bad") == []
 
@@ -90,7 +95,7 @@ def test_malformed_json_is_a_400_with_a_message(gateway):
 def test_body_over_the_limit_is_a_400(gateway):
     url = gateway.session_base_url("big") + "/chat/completions"
     big = {"model": "m", "messages": [{"role": "user", "content": "x" * 100_000}]}
-    r = httpx.post(url, json=big)
+    r = httpx.post(url, json=big, headers=auth(gateway))
     assert r.status_code == 400 and "limit" in r.json()["error"]["message"]
 
     def chunked() -> Iterator[bytes]:  # no Content-Length: the limit still holds while reading
@@ -99,14 +104,14 @@ def test_body_over_the_limit_is_a_400(gateway):
             yield b"y" * 1000
         yield b'"}]}'
 
-    r = httpx.post(url, content=chunked())
+    r = httpx.post(url, content=chunked(), headers=auth(gateway))
     assert r.status_code == 400 and "limit" in r.json()["error"]["message"]
-    assert httpx.post(url, json=BODY).status_code == 200  # still serving
+    assert httpx.post(url, json=BODY, headers=auth(gateway)).status_code == 200  # still serving
 
 
 def test_refused_connection_is_a_502_and_an_errored_step():
     with start_gateway([UpstreamConfig(url=f"http://127.0.0.1:{free_port('127.0.0.1')}/v1")]) as gw:
-        r = httpx.post(gw.session_base_url("r") + "/chat/completions", json=BODY)
+        r = httpx.post(gw.session_base_url("r") + "/chat/completions", json=BODY, headers=auth(gw))
         assert r.status_code == 502 and "unreachable" in r.json()["error"]["message"]
         [step] = gw.take_steps("r")
     assert step.error and "unreachable" in step.error and step.messages == MSGS and not step.trainable
@@ -115,26 +120,29 @@ def test_refused_connection_is_a_502_and_an_errored_step():
 def test_upstream_timeout_is_a_504_and_an_errored_step():
     with start_fake_upstream(delay_s=1.0) as up, \
             start_gateway([UpstreamConfig(url=up.base_url, timeout_s=0.2)]) as gw:
-        r = httpx.post(gw.session_base_url("t") + "/chat/completions", json=BODY)
+        r = httpx.post(gw.session_base_url("t") + "/chat/completions", json=BODY, headers=auth(gw))
         assert r.status_code == 504 and "timed out" in r.json()["error"]["message"]
         [step] = gw.take_steps("t")
     assert step.error and "timed out" in step.error
 
 
-def test_upstream_http_error_passes_through_and_is_recorded(gateway):
-    r = httpx.post(gateway.session_base_url("e") + "/chat/completions", json={**BODY, "n": "two"})
+def test_upstream_http_error_passes_through_and_is_recorded(gateway, fake_upstream):
+    r = httpx.post(gateway.session_base_url("e") + "/chat/completions", json={**BODY, "n": "two"},
+                   headers=auth(gateway))
     assert r.status_code == 500  # the upstream's own answer, passed on
     [step] = gateway.take_steps("e")
     assert step.error and "HTTP 500" in step.error
-    r = httpx.post(gateway.session_base_url("e") + "/embeddings", json={"input": "x"})
-    assert r.status_code == 404  # not a completions route: proxied as is, not recorded
-    assert gateway.steps("e") == []
+    sent = len(fake_upstream.requests)
+    r = httpx.post(gateway.session_base_url("e2") + "/embeddings", json={"input": "x"}, headers=auth(gateway))
+    # not an LLM route: refused by the gateway itself (it used to be proxied as is), never recorded
+    assert r.status_code == 404 and "/v1/chat/completions" in r.json()["error"]["message"]
+    assert gateway.steps("e2") == [] and len(fake_upstream.requests) == sent
 
 
 def test_client_disconnect_mid_stream_is_recorded_and_gateway_keeps_serving():
     with serve_app(slow_stream_app()) as slow, start_gateway([UpstreamConfig(url=slow)]) as gw:
         url = gw.session_base_url("d") + "/chat/completions"
-        with httpx.stream("POST", url, json={**BODY, "stream": True}) as r:
+        with httpx.stream("POST", url, json={**BODY, "stream": True}, headers=auth(gw)) as r:
             first = next(r.iter_raw())
             assert first.startswith(b"data:")
         deadline = time.time() + 10
@@ -145,7 +153,8 @@ def test_client_disconnect_mid_stream_is_recorded_and_gateway_keeps_serving():
         assert step.completion_token_ids and set(step.completion_token_ids) == {100}
         assert len(step.logprobs or []) == len(step.completion_token_ids)
         # a full stream afterwards is still served and recorded
-        with httpx.stream("POST", url.replace("/d/", "/d2/"), json={**BODY, "stream": True}, timeout=30) as r:
+        with httpx.stream("POST", url.replace("/d/", "/d2/"), json={**BODY, "stream": True}, timeout=30,
+                          headers=auth(gw)) as r:
             body = r.read()
         assert body.rstrip().endswith(b"[DONE]")
         [ok] = gw.take_steps("d2")
@@ -154,7 +163,8 @@ def test_client_disconnect_mid_stream_is_recorded_and_gateway_keeps_serving():
 
 def test_200_concurrent_sessions_none_lost_none_duplicated(gateway):
     async def main() -> None:
-        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=200)) as client:
+        async with httpx.AsyncClient(timeout=60, limits=httpx.Limits(max_connections=200),
+                                     headers=auth(gateway)) as client:
 
             async def one(i: int) -> None:
                 sid = f"conc-{i}"
@@ -264,7 +274,7 @@ def test_stopping_with_a_call_in_flight_is_quick():
         def client_call() -> None:
             try:
                 httpx.post(f"{gw.session_base_url('s')}/chat/completions", json={"model": "m", "messages": []},
-                           timeout=60)
+                           timeout=60, headers=auth(gw))
             except httpx.HTTPError:
                 pass  # cut off by the stop: expected
 

@@ -1,9 +1,10 @@
 """Where Ray workers reach the driver's gateway: loopback on one machine, the driver's cluster address otherwise.
 
-On a single-node cluster the gateway stays on 127.0.0.1 (nothing else can reach it). When the cluster has
-other nodes, their workers need a routable address: the gateway then listens on every interface, behind a
-random bearer token (so only this run's workers can record through it), and workers are handed the driver's
-node IP. `rllm eval` and `rllm train` both choose through these two functions.
+On a single-node cluster the gateway stays on 127.0.0.1. When the cluster has other nodes, their workers need
+a routable address: the gateway then listens on every interface and workers are handed the driver's node IP.
+Either way it has a random bearer token (so only this run's workers can record through it and spend the
+upstream's key), which the picklable client carries to the workers. `rllm eval` and `rllm train` both choose
+through these two functions.
 """
 
 from __future__ import annotations
@@ -18,15 +19,15 @@ if TYPE_CHECKING:
 __all__ = ["worker_gateway_bind", "worker_gateway_client"]
 
 
-def worker_gateway_bind(conn: RayConnection | None) -> tuple[str, str | None]:
-    """(host to bind, bearer token or None) for a gateway that Ray workers of `conn` must reach."""
-    if conn is None or conn.single_node:
-        return "127.0.0.1", None
-    return "0.0.0.0", secrets.token_urlsafe(24)
+def worker_gateway_bind(conn: RayConnection | None) -> tuple[str, str]:
+    """(host to bind, bearer token) for a gateway that Ray workers of `conn` must reach."""
+    host = "127.0.0.1" if conn is None or conn.single_node else "0.0.0.0"
+    return host, secrets.token_urlsafe(24)
 
 
 def worker_gateway_client(handle: GatewayHandle, conn: RayConnection | None) -> RemoteGateway:
-    """The picklable client Ray workers use to record through `handle`."""
+    """The picklable client Ray workers use to record through `handle` (it carries the token and takes with
+    retries across a gateway restart, like any `RemoteGateway`)."""
     from rllm_core.gateway import RemoteGateway
     from rllm_core.net import client_host
 

@@ -2,7 +2,7 @@
 
     from rllm_core.gateway import UpstreamConfig, start_gateway
     with start_gateway([UpstreamConfig(url="http://127.0.0.1:8000/v1")]) as gw:
-        client = OpenAI(base_url=gw.session_base_url("ep-1"), api_key="EMPTY")
+        client = OpenAI(base_url=gw.session_base_url("ep-1"), api_key=gw.client_api_key)
         ...
         steps = gw.take_steps("ep-1")
 

@@ -5,9 +5,17 @@ Routes (each also without the `/sessions/{id}` prefix, the session then taken fr
     POST   /sessions/{id}/v1/chat/completions | /v1/completions    proxied upstream, recorded
     GET    /sessions/{id}/v1/models                               proxied upstream
     GET    /sessions/{id}/steps                                   recorded Steps as JSON
-    POST   /sessions/{id}/take                                    recorded Steps as JSON, and free them
-    DELETE /sessions/{id}                                         free them
-    GET    /health
+    POST   /sessions/{id}/take[?take_id=T]                        recorded Steps as JSON, free them, close it
+    DELETE /sessions/{id}/takes/{take_id}                         ack a take: forget its kept reply
+    DELETE /sessions/{id}                                         free them, close it
+    GET    /stats                                                 store and lifecycle counters
+    GET    /health, /openapi.json                                 open: no token needed
+
+Every route but /health needs `Authorization: Bearer <token>` (scheme case-insensitive) when the gateway has a
+token, which it has unless started with auth off. Nothing else under /v1 reaches the upstream (no files,
+fine-tuning, ...): other paths get an OpenAI-style 404 or 405 naming what is allowed. A taken or deleted session
+is closed: a new call for it gets 410, a step of a call still in flight at the take is dropped and counted
+(store.py has the lifecycle).
 
 aiohttp on both sides (server and upstream client): a FastAPI + httpx hop measured ~3.4 ms CPU per call
 here, aiohttp ~1.0 ms. A Step is recorded before the last byte (`[DONE]`) reaches the client, so a rollout
@@ -26,12 +34,13 @@ from aiohttp import web
 from rllm_core.capture import _json
 from rllm_core.capture.assemble import CallAssembler, error_step
 from rllm_core.capture.request import CallRequest, endpoint_of, prepare_call
+from rllm_core.capture.responses import make_assembler
 from rllm_core.capture.retokenize import resolve_tokenizer
 from rllm_core.context import AGENT_HEADER, SESSION_HEADER
 from rllm_core.errors import CaptureError
 from rllm_core.gateway.config import GatewayConfig
 from rllm_core.gateway.router import Upstream, UpstreamRouter
-from rllm_core.gateway.store import SessionStore
+from rllm_core.gateway.store import DEFAULT_SESSION, IN_FLIGHT_HEADER, MemoryStore, Store, TakeResult
 from rllm_core.gateway.turns import TurnTracker
 from rllm_core.plugins import get_plugin_manager
 from rllm_core.types import Step
@@ -40,18 +49,20 @@ __all__ = ["AGENT_HEADER", "DEFAULT_SESSION", "SESSION_HEADER", "create_app"]
 
 log = logging.getLogger("rllm.gateway")
 
-DEFAULT_SESSION = "default"
-"""Session of calls that name none (no prefix, no header): recorded, never silently dropped."""
-
 _DROP_REQUEST = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive",
                            "authorization", "accept-encoding", "x-rllm-session", "x-rllm-agent", "te",
                            "upgrade", "proxy-authorization", "proxy-connection", "trailer", "expect"})
 _DROP_RESPONSE = frozenset({"content-length", "transfer-encoding", "content-encoding", "connection",
                             "keep-alive", "date", "server"})
 
-STORE_KEY = web.AppKey("store", SessionStore)
+LLM_POST_ROUTES = ("chat/completions", "completions", "responses")
+"""The only calls forwarded upstream, with GET models[/ID]: a client token must not reach the upstream's
+files, batches or fine-tuning with the upstream's key."""
+
+STORE_KEY = web.AppKey("store", Store)
 ROUTER_KEY = web.AppKey("router", UpstreamRouter)
 TURNS_KEY = web.AppKey("turns", TurnTracker)
+GATEWAY_KEY: web.AppKey[_Gateway] = web.AppKey("gateway")
 
 
 def _error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
@@ -70,13 +81,17 @@ def _steps_response(steps: list[Step]) -> web.Response:
 class _Gateway:
     """The handlers, holding their dependencies (config, store, router, upstream HTTP session)."""
 
-    def __init__(self, config: GatewayConfig, store: SessionStore, router: UpstreamRouter) -> None:
+    def __init__(self, config: GatewayConfig, store: Store, router: UpstreamRouter) -> None:
         self.config = config
         self.store = store
         self.router = router
         self.turns = TurnTracker()
         self.http: aiohttp.ClientSession | None = None
         self._bearer = f"Bearer {config.api_key}".encode() if config.api_key else None
+        self._token = config.api_key.encode() if config.api_key else None
+        self.in_flight: dict[str, int] = {}
+        """Calls being served per session, so a take can say how many of its steps are still to come."""
+        self.refused_calls = 0
         get_plugin_manager()  # load plugins now, not on the first call
 
     async def on_startup(self, app: web.Application) -> None:
@@ -91,21 +106,23 @@ class _Gateway:
 
     # ------------------------------------------------------------------ helpers
     def _denied(self, request: web.Request) -> web.Response | None:
-        if self._bearer is None:
+        """401 unless the request carries the gateway's token: the scheme matched case-insensitively (RFC 7235),
+        the token in constant time (no timing oracle on a gateway reachable from a cluster)."""
+        if self._token is None:
             return None
-        given = request.headers.get("Authorization", "").encode()
-        if hmac.compare_digest(given, self._bearer):
+        scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
+        if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self._token):
             return None
-        return _error(401, "missing or wrong bearer token: send 'Authorization: Bearer <the gateway --api-key>'",
+        return _error(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>' (an agent gets it "
+                           "as config.api_key; a GatewayHandle has it as .client_api_key; `rllm gateway` prints it)",
                       "authentication_error")
 
     def _record(self, session_id: str, steps: list[Step], up: Upstream | None = None) -> None:
-        self.store.add(session_id, steps)
-        if up is not None and up.config.exact_turns:  # only these upstreams take the next turn's hint
+        late = self.store.add(session_id, steps)  # a closed session's: dropped, counted and logged by the store
+        if not late and up is not None and up.config.exact_turns:  # only these take the next turn's hint
             self.turns.record(session_id, steps)
-        pm = get_plugin_manager()  # looked up each time: tests and notebooks may reset it
-        for step in steps:
-            pm.emit("rllm_on_llm_call", step=step)
+        # No plugin event here: this may be another process; the driver sends rllm_on_llm_call once per Step
+        # when the episode reaches it (rllm_core.context.report_llm_calls).
 
     def _upstream_headers(self, request: web.Request, up: Upstream) -> dict[str, str]:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
@@ -132,14 +149,32 @@ class _Gateway:
             return denied
         return _steps_response(self.store.steps(request.match_info["session_id"]))
 
+    def take(self, session_id: str, take_id: str | None = None) -> TakeResult:
+        """Take a session (HTTP route and in-process handle alike): free its upstream assignment and turns,
+        close it, and say how many of its calls are still in flight (their steps will arrive late)."""
+        self.router.forget(session_id)
+        self.turns.forget(session_id)
+        result = self.store.take(session_id, take_id=take_id, in_flight=self.in_flight.get(session_id, 0))
+        if result.in_flight and not result.retried:
+            log.info("session %s taken with %d call(s) still in flight: their steps will be dropped as late",
+                     session_id, result.in_flight)
+        return result
+
     async def take_steps(self, request: web.Request) -> web.Response:
-        """Read and free in one step, so a remote rollout (another process, a Ray worker) misses nothing."""
+        """Read, free and close in one step, so a remote rollout (another process, a Ray worker) misses nothing;
+        `?take_id=` makes a retry after a lost reply return the same steps."""
         if (denied := self._denied(request)) is not None:
             return denied
-        sid = request.match_info["session_id"]
-        self.router.forget(sid)
-        self.turns.forget(sid)
-        return _steps_response(self.store.take(sid))
+        result = self.take(request.match_info["session_id"], request.query.get("take_id") or None)
+        resp = _steps_response(result.steps)
+        resp.headers[IN_FLIGHT_HEADER] = str(result.in_flight)
+        return resp
+
+    async def ack_take(self, request: web.Request) -> web.Response:
+        if (denied := self._denied(request)) is not None:
+            return denied
+        return web.json_response({"acked": self.store.ack(request.match_info["session_id"],
+                                                          request.match_info["take_id"])})
 
     async def delete_session(self, request: web.Request) -> web.Response:
         if (denied := self._denied(request)) is not None:
@@ -149,8 +184,41 @@ class _Gateway:
         self.turns.forget(sid)
         return web.json_response({"deleted": self.store.delete(sid)})
 
+    def stats(self) -> dict[str, object]:
+        return {**self.store.stats().model_dump(), "in_flight": sum(self.in_flight.values()),
+                "refused_calls": self.refused_calls}
+
+    async def get_stats(self, request: web.Request) -> web.Response:
+        if (denied := self._denied(request)) is not None:
+            return denied
+        return web.json_response(self.stats())
+
     async def health(self, request: web.Request) -> web.Response:
         return web.json_response({"status": "ok", "upstreams": [u.url for u in self.router.upstreams]})
+
+    # ------------------------------------------------------------------ what reaches the proxy
+    async def call(self, request: web.Request) -> web.StreamResponse:
+        """The gate in front of `proxy`: the token, the allowed routes, the session's lifecycle (a closed
+        session gets 410: its rollout has its steps already), and the count of the session's calls in flight."""
+        if (denied := self._denied(request)) is not None:
+            return denied
+        if (refused := _not_allowed(request.method, request.match_info["tail"])) is not None:
+            return refused
+        sid = request.match_info.get("session_id") or request.headers.get(SESSION_HEADER) or DEFAULT_SESSION
+        if self.store.is_closed(sid):
+            self.refused_calls += 1
+            log.warning("call %s %s for session %s refused: the session was already taken (%d refused so far)",
+                        request.method, request.path, sid, self.refused_calls)
+            return _error(410, f"session {sid} was already taken or deleted: its calls are no longer recorded; "
+                               "start a new session id for new calls", "session_closed")
+        self.in_flight[sid] = self.in_flight.get(sid, 0) + 1
+        try:
+            return await self.proxy(request)
+        finally:
+            if (n := self.in_flight.get(sid, 1) - 1) > 0:
+                self.in_flight[sid] = n
+            else:
+                self.in_flight.pop(sid, None)
 
     # ------------------------------------------------------------------ proxy
     async def proxy(self, request: web.Request) -> web.StreamResponse:
@@ -187,7 +255,10 @@ class _Gateway:
                            "`start_gateway(..., max_body_bytes=N)`)")
 
     async def _passthrough(self, request: web.Request, up: Upstream, tail: str, raw: bytes) -> web.StreamResponse:
+        """GET models (and an LLM route the recorder does not parse), unrecorded; `call` refused the rest."""
         assert self.http is not None
+        if (refused := _not_allowed(request.method, tail)) is not None:  # `proxy` reached without `call`
+            return refused
         try:
             async with self.http.request(request.method, f"{up.url}/{tail}", data=raw or None,
                                          headers=self._upstream_headers(request, up),
@@ -220,8 +291,8 @@ class _Gateway:
                 self._record(sid, [error_step(call, f"upstream returned HTTP {resp.status}: "
                                                     f"{body[:500].decode(errors='replace')}")])
                 return web.Response(body=body, status=resp.status, headers=self._client_headers(resp))
-            asm = CallAssembler(call, sse="text/event-stream" in resp.headers.get("Content-Type", ""),
-                                tokenizer=up.tokenizer)
+            asm = make_assembler(call, sse="text/event-stream" in resp.headers.get("Content-Type", ""),
+                                 tokenizer=up.tokenizer)
             if asm.sse:
                 return await self._stream(request, resp, asm, sid, up)
             return await self._whole(resp, asm, sid, up)
@@ -237,9 +308,12 @@ class _Gateway:
             error = f"upstream {up.url} timed out after {up.config.timeout_s} s while sending its reply"
         except aiohttp.ClientError as exc:
             error = f"upstream failed while sending its reply: {type(exc).__name__}: {exc}"
-        out = asm.feed(body)
+        out = asm.feed(body)  # feed/finish never raise: a reply capture cannot parse still reaches the client
         tail, steps = asm.finish(error)
-        self._record(sid, steps, up)
+        try:
+            self._record(sid, steps, up)
+        except Exception:  # a failing store costs the Steps, never the client's reply
+            log.exception("gateway: recording the steps of a call failed; the call itself went through")
         if error is not None:
             return _error(504 if "timed out" in error else 502, error, "upstream_error")
         return web.Response(body=out + tail, status=resp.status, headers=self._client_headers(resp))
@@ -251,12 +325,25 @@ class _Gateway:
         error: str | None = None
         client_gone = False
         recorded = False
-        try:
-            async for chunk in resp.content.iter_any():
+
+        def record(steps: list[Step]) -> None:
+            try:
+                self._record(sid, steps, up)
+            except Exception:  # a failing store costs the Steps, never the client's stream
+                log.exception("gateway: recording the steps of a call failed; the call itself went through")
+
+        try:  # asm.feed/finish never raise: a stream capture cannot parse still reaches the client whole
+            while True:
+                # our own bound on each read: aiohttp's sock_read never fires once its parser has failed on
+                # garbage mid-stream (found by tests/test_gateway_fuzz.py), which hung the call for good
+                async with asyncio.timeout(up.config.timeout_s):
+                    chunk = await resp.content.readany()
+                if not chunk:
+                    break
                 out = asm.feed(chunk)
                 if asm.done and not recorded:  # record before the client sees [DONE]
                     tail, steps = asm.finish(None)
-                    self._record(sid, steps, up)
+                    record(steps)
                     recorded, out = True, out + tail
                 if out:
                     try:
@@ -276,7 +363,7 @@ class _Gateway:
         finally:
             if not recorded:
                 tail, steps = asm.finish(error)
-                self._record(sid, steps, up)
+                record(steps)
                 if tail and not client_gone:
                     try:
                         await out_resp.write(tail)
@@ -290,31 +377,69 @@ class _Gateway:
         return out_resp
 
 
-def create_app(config: GatewayConfig, store: SessionStore | None = None) -> web.Application:
+def create_app(config: GatewayConfig, store: Store | None = None) -> web.Application:
     """Build the gateway app from its config and store (both given, so tests and embedders own them)."""
-    store = store or SessionStore()
+    store = store if store is not None else MemoryStore()
     router = UpstreamRouter([Upstream(u, tokenizer=resolve_tokenizer(u.tokenizer)) for u in config.upstreams])
     gw = _Gateway(config, store, router)
     app = web.Application(client_max_size=config.max_body_bytes)
     app[STORE_KEY] = store
     app[ROUTER_KEY] = router
     app[TURNS_KEY] = gw.turns
+    app[GATEWAY_KEY] = gw
     app.on_startup.append(gw.on_startup)
     app.on_cleanup.append(gw.on_cleanup)
     r = app.router
     r.add_get("/health", gw.health)
+    r.add_get("/openapi.json", _openapi)
     r.add_get("/sessions/{session_id}/steps", gw.get_steps)
+    r.add_get("/stats", gw.get_stats)
     r.add_post("/sessions/{session_id}/take", gw.take_steps)
+    r.add_delete("/sessions/{session_id}/takes/{take_id}", gw.ack_take)
     r.add_delete("/sessions/{session_id}", gw.delete_session)
-    r.add_route("*", "/sessions/{session_id}/v1/{tail:.*}", gw.proxy)
-    r.add_route("*", "/v1/{tail:.*}", gw.proxy)
+    r.add_route("*", "/sessions/{session_id}/v1/{tail:.*}", gw.call)
+    r.add_route("*", "/v1/{tail:.*}", gw.call)
     r.add_route("*", "/{tail:.*}", _no_route)  # last: only what nothing above matched, at no cost to the rest
     return app
 
 
+def _not_allowed(method: str, tail: str) -> web.Response | None:
+    """None for a call the gateway forwards; else the OpenAI-style 404 (no such route) or 405 (wrong method)."""
+    route = tail.strip("/")
+    is_models = route == "models" or route.startswith("models/")
+    if (method == "POST" and route in LLM_POST_ROUTES) or (method == "GET" and is_models):
+        return None
+    allowed = "POST /v1/chat/completions, /v1/completions, /v1/responses and GET /v1/models"
+    if route in LLM_POST_ROUTES or is_models:
+        resp = _error(405, f"{method} /v1/{route} is not allowed: the gateway forwards only {allowed}",
+                      "method_not_allowed")
+        resp.headers["Allow"] = "POST" if route in LLM_POST_ROUTES else "GET"
+        return resp
+    return _error(404, f"no route {method} /v1/{route} through the gateway: it forwards only {allowed} (files, "
+                       "batches, fine-tuning, embeddings ... never reach the upstream)", "not_found_error")
+
+
+async def _openapi(request: web.Request) -> web.Response:
+    """The gateway's routes as OpenAPI 3 (gateway/openapi.py); open like /health: it holds no secret."""
+    from rllm_core.gateway.openapi import openapi_document
+
+    return web.json_response(openapi_document(f"{request.scheme}://{request.host}"))
+
+
 async def _no_route(request: web.Request) -> web.Response:
     """An unknown path (often a base URL missing /v1) gets an OpenAI-shaped 404 that says where calls go,
-    instead of aiohttp's plain-text one, which SDKs show as just '404: Not Found'."""
+    instead of aiohttp's plain-text one, which SDKs show as just '404: Not Found'. A known path with the wrong
+    method gets a 405 naming the right ones (this catch-all would otherwise hide aiohttp's own 405)."""
+    allowed: set[str] = set()
+    for resource in request.app.router.resources():
+        match, methods = await resource.resolve(request)
+        if match is None:
+            allowed |= methods
+    if allowed:
+        resp = _error(405, f"{request.method} {request.path} is not allowed; use {', '.join(sorted(allowed))}",
+                      "method_not_allowed")
+        resp.headers["Allow"] = ", ".join(sorted(allowed))
+        return resp
     return _error(404, f"no route {request.method} {request.path} here; send OpenAI calls to "
                        "/sessions/<id>/v1/... (or /v1/... with an X-RLLM-Session header); read them at "
                        "GET /sessions/<id>/steps", kind="not_found_error")

@@ -8,7 +8,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rllm_core.capture.request import is_loopback
 
-__all__ = ["DEFAULT_MAX_BODY_BYTES", "GatewayConfig", "UpstreamConfig"]
+__all__ = ["DEFAULT_MAX_BODY_BYTES", "GatewayConfig", "StoreLimits", "UpstreamConfig"]
 
 DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 
@@ -53,8 +53,28 @@ class UpstreamConfig(BaseModel):
         return is_loopback(self.url) if self.inject_token_ids is None else self.inject_token_ids
 
 
+class StoreLimits(BaseModel):
+    """How long and how much a gateway store keeps, so memory (or the store's file) stays flat over a long run.
+    The defaults suit training: an episode takes its session within minutes, so an hour idle means abandoned."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    session_ttl_s: float = Field(3600.0, gt=0)
+    """An open session with no new step for this long is dropped (counted and logged)."""
+    closed_ttl_s: float = Field(3600.0, gt=0)
+    """How long a taken/deleted session is remembered, so its late steps are dropped rather than re-opening it."""
+    max_closed: int = Field(100_000, ge=1)
+    """Closed sessions remembered at most (the oldest forgotten first)."""
+    max_sessions: int = Field(100_000, ge=1)
+    """Open sessions at most; beyond it the least recently active is dropped (counted and logged)."""
+    max_default_steps: int = Field(10_000, ge=1)
+    """Steps the `default` session (calls that name no session) keeps; the oldest are dropped beyond it."""
+    take_grace_s: float = Field(300.0, gt=0)
+    """How long a take's reply is kept for a retry with the same take id (a client that lost the reply)."""
+
+
 class GatewayConfig(BaseModel):
-    """What `create_app` needs: upstreams, an optional bearer token clients must present, a body limit."""
+    """What `create_app` needs: upstreams, the bearer token clients must present (None: no auth), a body limit."""
 
     model_config = ConfigDict(extra="forbid")
 

@@ -26,7 +26,18 @@ def gateway_command(
     host: str = typer.Option("127.0.0.1", "--host", help="Address to bind; 127.0.0.1 unless you mean it."),
     port: int = typer.Option(8080, "--port", help="Port to listen on (0 = a free one)."),
     api_key: str | None = typer.Option(None, "--api-key", envvar="RLLM_GATEWAY_API_KEY",
-                                       help="Require 'Authorization: Bearer KEY' from clients."),
+                                       help="The token clients must send ('Authorization: Bearer KEY') "
+                                            "[default: a random one, printed]."),
+    no_auth: bool = typer.Option(False, "--no-auth",
+                                 help="Accept clients without a token; only on a loopback --host (any local "
+                                      "process may then spend the upstream's key)."),
+    store: str = typer.Option("memory", "--store",
+                              help="Where recorded Steps are kept: 'memory', or 'sqlite:PATH' to survive a "
+                                   "restart of the gateway on the same file."),
+    session_ttl_s: float = typer.Option(3600.0, "--session-ttl", min=0.001,
+                                        help="Seconds an untaken session may sit idle before it is dropped."),
+    max_default_steps: int = typer.Option(10_000, "--max-default-steps", min=1,
+                                          help="Steps kept for calls that name no session (oldest dropped)."),
     upstream_api_key: str | None = typer.Option(None, "--upstream-api-key", envvar="RLLM_UPSTREAM_API_KEY",
                                                 help="Bearer token sent upstream (never logged or stored)."),
     inject: bool | None = typer.Option(
@@ -40,17 +51,22 @@ def gateway_command(
                                               help="Largest request body accepted, larger is HTTP 400 "
                                                    "[default: 32 MiB]."),
 ) -> None:
-    """Serve an OpenAI-compatible gateway that records every call (GET /sessions/ID/steps to read them)."""
-    from rllm_core.capture.request import is_loopback
-    from rllm_core.gateway.config import DEFAULT_MAX_BODY_BYTES, UpstreamConfig  # late: keeps `rllm --help` light
+    """Serve an OpenAI-compatible gateway that records every call (GET /sessions/ID/steps to read them).
+
+    Clients need its token (printed, or --api-key); only chat/completions, completions, responses and models
+    reach the upstream."""
+    from rllm_core.gateway.config import DEFAULT_MAX_BODY_BYTES, StoreLimits, UpstreamConfig  # late: light --help
     from rllm_core.gateway.server import start_gateway
 
     console = Console(stderr=True, soft_wrap=True)  # one line per message, even piped (no wrap at 80 columns)
     try:
         ups = [UpstreamConfig(url=u, api_key=upstream_api_key, inject_token_ids=inject,
                               tokenizer=tokenizer, timeout_s=timeout_s) for u in upstream]
-        handle = start_gateway(ups, host=host, port=port, api_key=api_key,
-                               max_body_bytes=max_body_bytes or DEFAULT_MAX_BODY_BYTES)
+        if no_auth and api_key:
+            raise ConfigError("--no-auth and --api-key (or RLLM_GATEWAY_API_KEY) contradict: pass one")
+        limits = StoreLimits(session_ttl_s=session_ttl_s, max_default_steps=max_default_steps)
+        handle = start_gateway(ups, host=host, port=port, api_key=api_key, auth=not no_auth,
+                               max_body_bytes=max_body_bytes or DEFAULT_MAX_BODY_BYTES, store=store, limits=limits)
     except ValidationError as exc:
         problems = "; ".join(str(e.get("ctx", {}).get("error") or e["msg"]) for e in exc.errors())
         console.print(f"[red]rllm gateway: {problems}[/red]", highlight=False)
@@ -60,12 +76,18 @@ def gateway_command(
         raise typer.Exit(2) from None
     for warning in upstream_warnings([u.url for u in ups]):
         console.print(f"[yellow]warning: {warning}[/yellow]", highlight=False)
-    if not api_key and not is_loopback(f"http://[{host}]" if ":" in host else f"http://{host}"):
-        console.print(f"[yellow]warning: listening on {host} without --api-key: anyone who can reach this port "
-                      "can use the upstream and read recorded calls[/yellow]", highlight=False)
+    token = handle.client_api_key
+    if token is None:
+        console.print("[yellow]warning: --no-auth: any process on this machine can use the upstream and read "
+                      "recorded calls[/yellow]", highlight=False)
+    elif not api_key:
+        console.print(f"client token (generated; choose one with --api-key or RLLM_GATEWAY_API_KEY): {token}",
+                      highlight=False)
     console.print(f"rllm gateway on [bold]{handle.url}[/bold] → {', '.join(u.url for u in ups)}; "
-                  f"sessions at {handle.url}/sessions/<id>/v1 (Ctrl-C to stop)")
-    typer.echo(handle.url, err=False)
+                  f"sessions at {handle.url}/sessions/<id>/v1; store {store} (Ctrl-C to stop)")
+    typer.echo(handle.url, err=False)  # stdout, for scripts: line 1 the URL, line 2 the token
+    if token is not None:
+        typer.echo(token, err=False)
     try:
         threading.Event().wait()
     except KeyboardInterrupt:

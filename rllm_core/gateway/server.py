@@ -6,16 +6,18 @@ from __future__ import annotations
 import asyncio
 import atexit
 import logging
+import secrets
 import threading
 from typing import Any
 
 from aiohttp import web
 
+from rllm_core.capture.request import is_loopback
 from rllm_core.errors import ConfigError
-from rllm_core.gateway.app import ROUTER_KEY, TURNS_KEY, create_app
+from rllm_core.gateway.app import GATEWAY_KEY, ROUTER_KEY, create_app
 from rllm_core.gateway.client import RemoteGateway
-from rllm_core.gateway.config import DEFAULT_MAX_BODY_BYTES, GatewayConfig, UpstreamConfig
-from rllm_core.gateway.store import SessionStore
+from rllm_core.gateway.config import DEFAULT_MAX_BODY_BYTES, GatewayConfig, StoreLimits, UpstreamConfig
+from rllm_core.gateway.store import Store, TakeResult, open_store
 from rllm_core.net import client_host
 from rllm_core.types import Step
 
@@ -30,9 +32,10 @@ an interrupted run (Ctrl-C with agents mid-call) exits at once rather than after
 class GatewayHandle:
     """A gateway serving from a background thread; stop it (or use it as a context manager) when done."""
 
-    def __init__(self, config: GatewayConfig, store: SessionStore, host: str, port: int) -> None:
+    def __init__(self, config: GatewayConfig, store: Store, host: str, port: int, *, owns_store: bool = False) -> None:
         self.config = config
         self.store = store
+        self._owns_store = owns_store
         self.host = host
         self.port = port
         self.url = f"http://{client_host(host)}:{port}"
@@ -55,7 +58,8 @@ class GatewayHandle:
 
     @property
     def client_api_key(self) -> str | None:
-        """The bearer token clients must send (the gateway's `api_key`), or None."""
+        """The bearer token clients must send (the gateway's `api_key`, generated when none was given); None
+        only for a gateway started with `auth=False`."""
         return self.config.api_key
 
     def session_base_url(self, session_id: str) -> str:
@@ -69,16 +73,29 @@ class GatewayHandle:
         """A picklable client of this gateway, for rollouts in other processes on this machine (Ray workers)."""
         return RemoteGateway(self.url, api_key=self.config.api_key)
 
-    def take_steps(self, session_id: str) -> list[Step]:
-        """Return the session's Steps and free them (and the session's upstream assignment)."""
+    def take(self, session_id: str) -> TakeResult:
+        """Return the session's Steps, free them (and its upstream assignment) and close it; `in_flight` says
+        how many of its calls were still running (their steps will be dropped as late)."""
         if self._runner is not None:
-            self._runner.app[ROUTER_KEY].forget(session_id)
-            self._runner.app[TURNS_KEY].forget(session_id)
+            return self._runner.app[GATEWAY_KEY].take(session_id)
         return self.store.take(session_id)
 
+    async def atake(self, session_id: str) -> TakeResult:
+        """`take` for async callers (the `GatewayClient` protocol); it never blocks on the network."""
+        return self.take(session_id)
+
+    def take_steps(self, session_id: str) -> list[Step]:
+        """`take(...).steps`."""
+        return self.take(session_id).steps
+
     async def atake_steps(self, session_id: str) -> list[Step]:
-        """`take_steps` for async callers (the `GatewayClient` protocol); it never blocks."""
-        return self.take_steps(session_id)
+        return self.take(session_id).steps
+
+    def stats(self) -> dict[str, Any]:
+        """The store's and the lifecycle's counters (`GET /stats`): late steps, expiries, drops, calls in flight."""
+        if self._runner is not None:
+            return self._runner.app[GATEWAY_KEY].stats()
+        return self.store.stats().model_dump()
 
     def set_upstreams(self, upstreams: list[UpstreamConfig] | list[str]) -> None:
         """Replace the model servers behind this gateway while it serves (a backend's replicas after a weight
@@ -96,6 +113,8 @@ class GatewayHandle:
     def stop(self) -> None:
         loop, runner, thread = self._loop, self._runner, self._thread
         if loop is None or runner is None or thread is None or not thread.is_alive():
+            if self._owns_store:
+                self.store.close()
             return
         try:  # in-flight calls get SHUTDOWN_GRACE_S to finish, then are cancelled (an interrupted run's)
             asyncio.run_coroutine_threadsafe(runner.cleanup(), loop).result(SHUTDOWN_GRACE_S + 10)
@@ -104,6 +123,8 @@ class GatewayHandle:
         loop.call_soon_threadsafe(loop.stop)
         thread.join(15)
         self._thread = None
+        if self._owns_store:
+            self.store.close()
 
     def __enter__(self) -> GatewayHandle:
         return self
@@ -120,14 +141,37 @@ def start_gateway(
     api_key: str | None = None,
     *,
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES,
+    store: Store | str | None = None,
+    limits: StoreLimits | None = None,
+    auth: bool = True,
 ) -> GatewayHandle:
-    """Start a gateway in a background thread on host:port (port 0 = a free one); returns once it listens."""
+    """Start a gateway in a background thread on host:port (port 0 = a free one); returns once it listens.
+
+    Clients must send `api_key` as a bearer token; without one a random token is generated (`client_api_key`):
+    the gateway holds the upstream's key, so no process that merely reaches the port may spend it. `auth=False`
+    turns that off, on a loopback address only. `store` is a `Store` (the caller closes it) or a spec, "memory"
+    (the default) or "sqlite:PATH" (Steps survive a restart; closed with the gateway); `limits` bound a store
+    built from a spec."""
     if isinstance(upstreams, (str, UpstreamConfig)):
         upstreams = [upstreams]  # type: ignore[list-item]
     ups = [UpstreamConfig(url=u) if isinstance(u, str) else u for u in upstreams]
+    if not auth:
+        if api_key:
+            raise ConfigError("start_gateway: auth=False and an api_key contradict; pass one or the other")
+        if not is_loopback(f"http://[{host}]" if ":" in host else f"http://{host}"):
+            raise ConfigError(f"a gateway on {host} needs a client token (it holds the upstream's key): drop "
+                              "auth=False / --no-auth, or bind 127.0.0.1")
+    elif not api_key:
+        api_key = secrets.token_urlsafe(24)
     config = GatewayConfig(upstreams=ups, api_key=api_key, max_body_bytes=max_body_bytes)
-    store = SessionStore()
-    app = create_app(config, store)
+    owns_store = store is None or isinstance(store, str)
+    the_store = open_store(store, limits)
+    try:
+        app = create_app(config, the_store)
+    except BaseException:
+        if owns_store:
+            the_store.close()
+        raise
     loop = asyncio.new_event_loop()
     ready = threading.Event()
     box: dict[str, Any] = {}
@@ -159,9 +203,11 @@ def start_gateway(
     thread = threading.Thread(target=_run, name="rllm-gateway", daemon=True)
     thread.start()
     if not ready.wait(30) or "error" in box:
+        if owns_store:
+            the_store.close()
         err = box.get("error")
         raise ConfigError(f"the gateway could not listen on {host}:{port}: {err}; choose another --port") from err
-    handle = GatewayHandle(config, store, host, box["port"])
+    handle = GatewayHandle(config, the_store, host, box["port"], owns_store=owns_store)
     handle._loop, handle._runner, handle._thread = loop, box["runner"], thread
     return handle
 
@@ -171,7 +217,8 @@ _shared_lock = threading.Lock()
 
 
 def shared_gateway(upstreams: list[UpstreamConfig]) -> GatewayHandle:
-    """The process's in-process gateway for this upstream list: started on first use, then reused."""
+    """The process's in-process gateway for this upstream list: started on first use, then reused. It has a
+    random client token like any gateway: rollouts hand it to their agents as `config.api_key`."""
     key = tuple(u.model_dump_json() for u in upstreams)
     with _shared_lock:
         handle = _shared.get(key)
