@@ -32,7 +32,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, Field
 
-from rllm_core.context import EpisodeContext, agent_scope, current_episode, episode_scope
+from rllm_core.context import EpisodeContext, agent_scope, current_episode, episode_scope, report_llm_calls
 from rllm_core.rollout import build_episode
 from rllm_core.types import Episode, Step, Task
 
@@ -203,6 +203,7 @@ def finish_adhoc_episode(ctx: EpisodeContext, name: str, error: str | None = Non
     episode.termination_reason = "error" if error else "completed"
     episode.error = error
     episode.rollout = name
+    report_llm_calls(episode.steps)  # the Steps reach their driver here, as at the end of Rollout.arun
     return episode
 
 

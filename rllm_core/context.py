@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import contextvars
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import Executor, Future
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -20,6 +20,7 @@ from rllm_core.types import Step
 __all__ = [
     "AGENT_HEADER",
     "SESSION_HEADER",
+    "CallAgentName",
     "EpisodeContext",
     "StepRecorder",
     "agent_scope",
@@ -27,6 +28,8 @@ __all__ = [
     "current_agent",
     "current_episode",
     "episode_scope",
+    "report_llm_calls",
+    "steps_reported_by_driver",
     "submit",
 ]
 
@@ -47,11 +50,10 @@ class StepRecorder:
         self._steps: list[Step] = []
 
     def record(self, step: Step) -> None:
+        """Keep `step` for its episode. No plugin event here: this may be a Ray worker, and the driver sends
+        `rllm_on_llm_call` when the episode reaches it (`report_llm_calls`)."""
         with self._lock:
             self._steps.append(step)
-        from rllm_core.plugins import get_plugin_manager  # late: plugins import adapters lazily
-
-        get_plugin_manager().emit("rllm_on_llm_call", step=step)
 
     def steps(self) -> list[Step]:
         with self._lock:
@@ -76,14 +78,41 @@ _episode: contextvars.ContextVar[EpisodeContext | None] = contextvars.ContextVar
     "rllm_episode", default=None
 )
 _agent: contextvars.ContextVar[str | None] = contextvars.ContextVar("rllm_agent", default=None)
+_in_driver: contextvars.ContextVar[bool] = contextvars.ContextVar("rllm_in_driver", default=True)
 
 
 def current_episode() -> EpisodeContext | None:
     return _episode.get()
 
 
+class CallAgentName(str):
+    """An agent name set for one LLM call by a callback handler, which may not be able to unset it.
+
+    A framework that reports a call's end from another context than its start (LangChain's async chat models end
+    in a task of their own) leaves the name set where the call was made. `end()` marks it over — the mark is
+    seen from every context, being on the object — and from then on `current_agent()` looks past it to the name
+    it covered (`previous`), so later calls of that context are not attributed to a call that has finished.
+    """
+
+    previous: str | None = None
+    ended: bool = False
+
+    @classmethod
+    def covering(cls, name: str, previous: str | None) -> CallAgentName:
+        marked = cls(name)
+        marked.previous = previous
+        return marked
+
+    def end(self) -> None:
+        self.ended = True
+
+
 def current_agent() -> str | None:
-    return _agent.get()
+    """The agent the next LLM call is attributed to (the innermost `agent_scope`, past call names that ended)."""
+    name = _agent.get()
+    while isinstance(name, CallAgentName) and name.ended:
+        name = name.previous
+    return name
 
 
 @contextmanager
@@ -118,3 +147,27 @@ def bind_context(fn: Callable[P, R]) -> Callable[P, R]:
 def submit(executor: Executor, fn: Callable[..., R], *args: Any, **kwargs: Any) -> Future[R]:
     """`executor.submit` that carries the episode context into the worker thread."""
     return executor.submit(bind_context(fn), *args, **kwargs)
+
+
+@contextmanager
+def steps_reported_by_driver() -> Iterator[None]:
+    """Inside this block, finished episodes do not send `rllm_on_llm_call`: a Ray worker runs its episodes
+    here, because the driver it returns them to sends the event, and each Step must be sent exactly once."""
+    token = _in_driver.set(False)
+    try:
+        yield
+    finally:
+        _in_driver.reset(token)
+
+
+def report_llm_calls(steps: Iterable[Step]) -> None:
+    """Send `rllm_on_llm_call` for each of a finished episode's steps, unless this is a Ray worker (see
+    `steps_reported_by_driver`). Called where a Step reaches the driver: `Rollout.arun` for local runs,
+    the Ray run's driver loop for the episodes workers send back."""
+    if not _in_driver.get():
+        return
+    from rllm_core.plugins import get_plugin_manager  # late: plugins import adapters lazily
+
+    pm = get_plugin_manager()  # looked up each time: tests and notebooks may reset it
+    for step in steps:
+        pm.emit("rllm_on_llm_call", step=step)

@@ -11,11 +11,23 @@ Registration hooks return lists of specs (each module that consumes them defines
 - ``rllm_register_benchmarks() -> list[Benchmark]``          (rllm_core.benchmarks registry types)
 - ``rllm_register_commands(app)``                            adds typer commands / sub-apps to the CLI
 
-Event hooks are called for every plugin that implements them; an exception in one is logged, not raised:
+Every hook is called through pluggy (`pm.hook.<name>(...)`), in pluggy's order: `tryfirst` implementations
+first, then the most recently registered plugin first, `trylast` ones last. A `@hookimpl(wrapper=True)`
+implementation wraps the call with pluggy's new-style semantics (it yields, gets the result, returns it, maybe
+changed); the old-style `hookwrapper=True` is refused at registration. An exception in one implementation
+is logged (registration hooks: also shown by `rllm plugins`) and the others still run; a wrapper does not see it.
 
-- ``rllm_on_llm_call(step)``        right after a Step is recorded (gateway or in-process); it runs on the
-                                    gateway's event loop or the agent's thread, so keep it quick
-- ``rllm_on_episode_end(episode)``  when a rollout has produced its Episode (before rewards are applied)
+Event hooks:
+
+- ``rllm_on_episode_end(episode)``  when a rollout has produced its Episode (before rewards are applied), once
+                                    per episode, in the process that ran the agent: for a Ray run that is the
+                                    worker, where in-process records live (adapters join their call logs into
+                                    the steps here); what it changes in the episode travels back with it
+- ``rllm_on_llm_call(step)``        once for each Step of a finished episode, in the DRIVER process (the one
+                                    that called `Rollout.run` / `run_episodes` / `run_episodes_ray`), after
+                                    that episode's ``rllm_on_episode_end``: never in a gateway process or a
+                                    Ray worker, so a driver-side plugin counts each call exactly once. Steps
+                                    of calls whose episode never comes back (a worker that died) are not sent
 """
 
 from __future__ import annotations
@@ -56,10 +68,10 @@ class RLLMHookSpec:
 
     @hookspec
     def rllm_on_llm_call(self, step: Any) -> None:
-        """Called with each recorded Step."""
+        """Called once with each Step of a finished episode, in the driver process (see the module docstring)."""
         raise NotImplementedError
 
     @hookspec
     def rllm_on_episode_end(self, episode: Any) -> None:
-        """Called with each finished Episode."""
+        """Called once with each finished Episode, in the process that ran its agent (see the module docstring)."""
         raise NotImplementedError

@@ -19,7 +19,8 @@ from typing import Any, Literal
 import typer
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from rllm_core.errors import ConfigError
+from rllm_core.errors import ConfigError, UpstreamError
+from rllm_core.net import check_reachable
 
 __all__ = ["ModelConfig", "config_path", "load_model_config", "model_app", "save_model_config"]
 
@@ -124,9 +125,6 @@ def _describe(cfg: ModelConfig) -> dict[str, Any]:
 def _probe_server(base_url: str) -> tuple[list[str], str | None]:
     """The models a server lists, and why it could not be asked (None when it answered). Setup saves either
     way (the server may start later), but it says so now rather than at the first `rllm eval`."""
-    from rllm_core.errors import UpstreamError
-    from rllm_core.eval.endpoint import check_reachable  # late: the endpoint module imports this one
-
     try:
         return check_reachable(base_url, timeout_s=3.0), None
     except UpstreamError as exc:

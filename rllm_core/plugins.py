@@ -1,16 +1,19 @@
 """The plugin manager: loads entry points of group ``rllm`` (built-ins included) and reports what it loaded.
 
 A plugin that fails to import is recorded with its error and skipped, so one broken third-party package
-never takes the CLI down; `rllm plugins` shows it.
+never takes the CLI down; `rllm plugins` shows it. Hooks are called through pluggy (`pm.hook.<name>(...)`),
+so pluggy decides the order and runs `wrapper=True` implementations and tracing; an exception in one
+implementation is reported and the others still run (see `_IsolatingPluginManager`).
 """
 
 from __future__ import annotations
 
 import difflib
+import functools
 import logging
 import re
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
 from typing import Any
@@ -76,11 +79,44 @@ class PluginInfo:
         return ",".join(self.kinds) if self.kinds else "-"
 
 
+class _IsolatingPluginManager(pluggy.PluginManager):
+    """pluggy's own manager, whose hook implementations cannot raise into a hook call.
+
+    pluggy runs all implementations of a hook in one call and stops at the first exception, so one broken
+    plugin would silence every plugin after it. Each implementation is wrapped where pluggy keeps it
+    (`HookImpl.function`) as soon as it is registered, by whatever path: calls still go through
+    `pm.hook.<name>(...)`, so the order (tryfirst / trylast, last registered first), `wrapper=True`
+    implementations, `pm.enable_tracing()` / `pm.trace` and `add_hookcall_monitoring` stay pluggy's own.
+    Old-style `hookwrapper=True` implementations are refused: their `Result` protocol would need a second
+    isolation path, and pluggy calls them legacy.
+    """
+
+    def __init__(self, on_error: Callable[[str, str, Exception], None]) -> None:
+        super().__init__(PROJECT)
+        self._on_error = on_error
+
+    def register(self, plugin: Any, name: str | None = None) -> str | None:
+        plugin_name = super().register(plugin, name)
+        if plugin_name is None:
+            return None
+        impls = [(caller.name, impl) for caller in self.get_hookcallers(plugin) or []
+                 for impl in caller.get_hookimpls() if impl.plugin is plugin]
+        old_style = sorted(hook for hook, impl in impls if impl.hookwrapper)
+        if old_style:
+            self.unregister(plugin)
+            raise pluggy.PluginValidationError(
+                plugin, f"{', '.join(old_style)} uses the old-style @hookimpl(hookwrapper=True), which rllm does "
+                        "not run; mark it @hookimpl(wrapper=True) and return the (possibly changed) result")
+        for hook_name, impl in impls:
+            _isolate(impl, functools.partial(self._on_error, plugin_name, hook_name))
+        return plugin_name
+
+
 class PluginManager:
     """pluggy's manager plus the bookkeeping `rllm plugins` shows."""
 
     def __init__(self, load_entry_points: bool = True) -> None:
-        self.pm = pluggy.PluginManager(PROJECT)
+        self.pm = _IsolatingPluginManager(self._plugin_failed)
         self.pm.add_hookspecs(RLLMHookSpec)
         self.infos: list[PluginInfo] = []
         if load_entry_points:
@@ -125,31 +161,38 @@ class PluginManager:
         self.infos.append(PluginInfo(name, kinds=kinds, version=version, source=source))
 
     def emit(self, hook_name: str, **kwargs: Any) -> None:
-        """Call an event hook on every plugin; one plugin's exception is logged, never raised into a run."""
-        for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
-            try:
-                _call(impl, kwargs)
-            except Exception:
-                log.exception("rllm plugin %r failed in %s", impl.plugin_name, hook_name)
+        """Call an event hook (`pm.hook.<name>(**kwargs)`): every plugin's implementation runs, in pluggy's
+        order; one plugin's exception is logged and the others still run, so a plugin never breaks a run."""
+        self._caller(hook_name)(**kwargs)
 
     def call_each(self, hook_name: str, **kwargs: Any) -> list[Any]:
-        """Call a registration hook on each plugin separately, in registration order (entry points by name, then
-        plugins registered by hand); return the results.
+        """Call a registration hook (`pm.hook.<name>(**kwargs)`); return the plugins' results in pluggy's call
+        order: tryfirst implementations first, then the most recently registered first, trylast ones last.
 
         A plugin whose hook raises is logged and reported (`rllm plugins` shows it) and left out, so one
         broken plugin never takes the others, or the CLI, down.
         """
-        results = []
-        for impl in getattr(self.pm.hook, hook_name).get_hookimpls():
-            try:
-                results.append(_call(impl, kwargs))
-            except Exception as exc:
-                log.warning("rllm plugin %r failed in %s: %s", impl.plugin_name, hook_name, exc)
-                self.report_error(impl.plugin_name, f"{hook_name}: {type(exc).__name__}: {exc}")
-        return results
+        return list(self._caller(hook_name)(**kwargs))
+
+    def _caller(self, hook_name: str) -> Any:
+        caller = getattr(self.pm.hook, hook_name, None)
+        if caller is None or not caller.has_spec():
+            specs = [n for n in dir(RLLMHookSpec) if n.startswith("rllm_")]
+            close = difflib.get_close_matches(hook_name, specs, n=1)
+            raise PluginError(f"no rllm hook named {hook_name!r}" + (f" (did you mean {close[0]}?)" if close else "")
+                              + f"; the hooks are {', '.join(specs)}")
+        return caller
+
+    def _plugin_failed(self, plugin_name: str, hook_name: str, exc: Exception) -> None:
+        """What an implementation's exception becomes: a log line for events, a reported error otherwise."""
+        if _KIND_BY_HOOK.get(hook_name) == "events":
+            log.error("rllm plugin %r failed in %s", plugin_name, hook_name, exc_info=exc)
+            return
+        log.warning("rllm plugin %r failed in %s: %s", plugin_name, hook_name, exc)
+        self.report_error(plugin_name, f"{hook_name}: {type(exc).__name__}: {exc}")
 
     def _collect(self, hook_name: str) -> list[Any]:
-        """Concatenate every plugin's registration list."""
+        """Concatenate every plugin's registration list, in call order."""
         return [item for result in self.call_each(hook_name) for item in result or []]
 
     def report_error(self, name: str, error: str) -> None:
@@ -164,15 +207,69 @@ class PluginManager:
         return self._collect("rllm_register_adapters")
 
     def backends(self) -> dict[str, BackendSpec]:
-        return {b.name: b for b in self._collect("rllm_register_backends")}
+        """Backends by name; on a clash the first in call order wins (a tryfirst or later-registered plugin
+        overrides a built-in), as for benchmarks."""
+        found: dict[str, BackendSpec] = {}
+        for spec in self._collect("rllm_register_backends"):
+            found.setdefault(spec.name, spec)
+        return found
 
     def benchmarks(self) -> list[Any]:
         return self._collect("rllm_register_benchmarks")
 
 
-def _call(impl: pluggy.HookImpl, kwargs: dict[str, Any]) -> Any:
-    """Call one hook implementation with the arguments it declares (pluggy lets it take fewer than the spec)."""
-    return impl.function(**{name: kwargs[name] for name in impl.argnames})
+def _isolate(impl: pluggy.HookImpl, report: Callable[[Exception], None]) -> None:
+    """Make `impl` report its exception instead of raising it into the hook call: a plain implementation
+    then returns None (pluggy leaves it out of the results), a wrapper passes the inner result through."""
+    function = impl.function
+    if impl.wrapper:
+        shim: Callable[..., Any] = _isolated_wrapper(function, report)
+    else:
+        def shim(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return function(*args, **kwargs)
+            except Exception as exc:
+                report(exc)
+                return None
+    impl.function = shim  # type: ignore[misc]  # pluggy reads it at each call; argnames stay the original's
+
+
+def _isolated_wrapper(function: Callable[..., Any], report: Callable[[Exception], None]) -> Callable[..., Any]:
+    """A `wrapper=True` implementation that cannot break the call: one that raises before its yield is left
+    out of it, one that raises after it (or yields twice) leaves the inner result as it was."""
+
+    def shim(*args: Any, **kwargs: Any) -> Generator[None, Any, Any]:
+        try:
+            teardown = function(*args, **kwargs)
+            next(teardown)
+        except Exception as exc:  # StopIteration included: a wrapper that never yields
+            report(exc)
+            return (yield)
+        try:
+            result = yield
+        except BaseException as exc:  # only pluggy's own errors: isolated implementations never raise
+            return _resume(teardown, functools.partial(teardown.throw, exc), report, unchanged=exc)
+        return _resume(teardown, functools.partial(teardown.send, result), report, unchanged=result)
+
+    return shim
+
+
+def _resume(teardown: Generator[None, Any, Any], step: Callable[[], Any], report: Callable[[Exception], None],
+            unchanged: Any) -> Any:
+    """Run a wrapper's part after its yield; what it returns becomes the call's result."""
+    try:
+        step()
+    except StopIteration as stop:
+        return stop.value
+    except Exception as exc:
+        if exc is not unchanged:  # a wrapper that lets the inner error through is not at fault
+            report(exc)
+    else:
+        teardown.close()
+        report(RuntimeError("a @hookimpl(wrapper=True) implementation must yield exactly once"))
+    if isinstance(unchanged, BaseException):
+        raise unchanged
+    return unchanged
 
 
 _manager: PluginManager | None = None

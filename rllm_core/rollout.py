@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import contextvars
+import difflib
 import functools
 import hashlib
 import inspect
@@ -30,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rllm_core.context import EpisodeContext, episode_scope
+from rllm_core.context import EpisodeContext, episode_scope, report_llm_calls
 from rllm_core.errors import ConfigError
 from rllm_core.types import Episode, Step, Task, Trajectory, rollout_scope
 
@@ -147,9 +148,10 @@ class Rollout:
         The engine hands one sampling dict to every episode, so this is what keeps a group's attempts distinct.
         """
         from rllm_core.capture.inprocess import install as install_capture
-        from rllm_core.capture.retokenize import retokenize_step
+        from rllm_core.capture.unrecorded import METRIC, take_unrecorded
         from rllm_core.plugins import get_plugin_manager
 
+        _check_extra(self.name, extra)
         get_plugin_manager()  # load plugins before the agent runs: capture plugins must see its first call
         task = task if isinstance(task, Task) else Task.model_validate(task)
         if gateway is None:
@@ -176,31 +178,39 @@ class Rollout:
         error: str | None = None
         termination = "completed"
         with episode_scope(ctx), rollout_scope(task, sid, attempt):
+            deadline = asyncio.timeout(timeout_s or None)  # tells our timeout from the agent's own TimeoutError
             try:
-                coro = _invoke(self.fn, task, config)
-                result = await (asyncio.wait_for(coro, timeout_s) if timeout_s else coro)
+                async with deadline:
+                    result = await _invoke(self.fn, task, config)
             except TimeoutError:
-                # A sync function's worker thread cannot be killed: calls it makes after this point are not
-                # part of the episode (they are freed with the session below).
-                termination, error = "timeout", f"rollout {self.name} timed out after {timeout_s} s"
+                if deadline.expired():
+                    # A sync function's worker thread cannot be killed: calls it makes after this point are not
+                    # part of the episode (they are freed with the session below).
+                    termination, error = "timeout", f"rollout {self.name} timed out after {timeout_s} s"
+                else:  # raised by the agent's code (an HTTP client's timeout, say): its error, like any other
+                    termination, error = "error", traceback.format_exc()
             except asyncio.CancelledError:
                 termination, error = "cancelled", "rollout cancelled"
                 raise
             except Exception:
                 termination, error = "error", traceback.format_exc()
             finally:
-                steps = [retokenize_step(s, tokenizer) for s in await gateway.atake_steps(sid)]
+                taken = await gateway.atake(sid)  # closes the session: later calls of a timed-out agent are refused
+                steps = await _retokenized(taken.steps, tokenizer)
                 steps += ctx.recorder.steps()
         episode = build_episode(task, result, steps, default_name=self.name, episode_id=sid)
         episode.attempt = attempt
         episode.rollout = self.name
         episode.metrics.setdefault("wall_s", time.time() - started)
+        episode.metrics["capture/late_calls"] = float(taken.in_flight)  # still running at the take: steps missing
+        episode.metrics[METRIC] = float(take_unrecorded(sid))  # LLM calls capture saw but could not record
         if error is not None:
             episode.termination_reason = termination  # type: ignore[assignment]
             episode.error = error
         elif episode.termination_reason is None:
             episode.termination_reason = "completed"
         get_plugin_manager().emit("rllm_on_episode_end", episode=episode)
+        report_llm_calls(episode.steps)  # after episode_end, as in a Ray driver: steps carry adapters' joins
         return episode
 
 
@@ -229,6 +239,38 @@ def _gateway_for(base_url: str | None, api_key: str | None, inject_token_ids: bo
     except ValueError as exc:
         raise ConfigError(f"bad model endpoint base_url={base_url!r}: {_first_error(exc)}") from None
     return shared_gateway([upstream])
+
+
+_ARUN_KEYWORDS = ("base_url", "model", "gateway", "api_key", "session_id", "timeout_s", "attempt", "sampling",
+                  "inject_token_ids", "tokenizer", "seed")
+"""`Rollout.arun`'s own keyword arguments (a test pins them to its signature)."""
+
+
+def _check_extra(name: str, extra: dict[str, Any]) -> None:
+    """Refuse extra keyword arguments that look like a misspelt parameter (`timeout=` for `timeout_s=`) or
+    that name a config field the rollout sets itself: otherwise they would silently become config fields
+    and the setting they meant would not be applied."""
+    for key in extra:
+        if key in RolloutConfig.model_fields:
+            raise ConfigError(f"rollout {name}: {key}= is set by the rollout itself (config.{key}); the keyword "
+                              f"arguments of Rollout.run / arun are {', '.join(_ARUN_KEYWORDS)}")
+        # Short names are left alone: too many real field names are one letter off one (mode= / model=).
+        close = difflib.get_close_matches(key, _ARUN_KEYWORDS, n=1, cutoff=0.75) if len(key) >= 5 else []
+        if close:
+            raise ConfigError(
+                f"rollout {name}: unknown keyword argument {key}= (did you mean {close[0]}=?). Rollout.run / arun "
+                f"take {', '.join(_ARUN_KEYWORDS)}; any other keyword becomes a field of the agent's config, but "
+                "not one this close to a parameter's name, which is almost always a typo")
+
+
+async def _retokenized(steps: list[Step], tokenizer: Any) -> list[Step]:
+    """`retokenize_step` over an episode's steps, in a worker thread: a big episode's retokenizing would
+    otherwise stall every other episode on the event loop."""
+    from rllm_core.capture.retokenize import retokenize_step
+
+    if tokenizer is None or not steps:
+        return steps  # nothing to rebuild: no thread hop
+    return await asyncio.to_thread(lambda: [retokenize_step(s, tokenizer) for s in steps])
 
 
 def _first_error(exc: ValueError) -> str:

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import stat
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -118,3 +120,44 @@ def test_a_saved_default_model_name_becomes_the_one_the_server_lists(fake_upstre
     save_model_config(ModelConfig(kind="server", base_url=fake_upstream.base_url, model="default"))
     with open_endpoint(None, None) as ep:
         assert ep.model == "fake-model"
+
+
+def _fresh_python(code: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+
+
+def test_model_config_does_not_import_the_eval_engine() -> None:
+    """`rllm model` probes a server with the address helpers (rllm_core.net), not through the eval package,
+    whose `__init__` pulls in the whole engine; and the two modules no longer import each other."""
+    out = _fresh_python("import sys, rllm_core.model_config; "
+                        "print(sorted(m for m in sys.modules if m.startswith('rllm_core.eval')))")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"
+
+
+@pytest.mark.parametrize("module", ["rllm_core.model_config", "rllm_core.eval.endpoint", "rllm_core.net",
+                                    "rllm_core.eval"])
+def test_each_module_imports_alone(module: str) -> None:
+    out = _fresh_python(f"import {module}")
+    assert out.returncode == 0, out.stderr
+
+
+def test_the_probe_is_one_function_wherever_it_is_imported_from() -> None:
+    import rllm_core.eval
+    import rllm_core.eval.endpoint
+    import rllm_core.net
+
+    assert rllm_core.eval.check_reachable is rllm_core.eval.endpoint.check_reachable is rllm_core.net.check_reachable
+    with pytest.raises(UpstreamError, match=r"model endpoint http://127.0.0.1:9/v1 is not reachable"):
+        rllm_core.net.check_reachable("http://127.0.0.1:9/v1", timeout_s=2.0)
+
+
+def test_building_the_cli_does_not_load_the_eval_engine() -> None:
+    """The CLI registers `rllm eval` at start-up (every command, `rllm model` too): the engine, the model stack and
+    torch load only when `rllm eval` runs, not when the app is built."""
+    out = _fresh_python("import sys, typer.main; from rllm_core.cli.app import build_app; "
+                        "typer.main.get_command(build_app()); "
+                        "print(sorted(m for m in ('rllm_core.eval.runner', 'rllm_core.engine', 'torch') "
+                        "if m in sys.modules))")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

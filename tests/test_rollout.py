@@ -209,7 +209,7 @@ def test_a_gateway_in_another_process_through_remote_gateway(fake_upstream):
     assert ep.error is None and ep.artifacts == {"answer": "ok: remote"}
     assert_exact(ep.steps[0], "remote")
     with pytest.raises(rllm.RLLMError, match="unreachable"):
-        RemoteGateway(gw.url, timeout_s=2).take_steps("x")
+        RemoteGateway(gw.url, timeout_s=2, retry_s=0.5).take_steps("x")  # retries a restart, then gives up
 
 
 def test_tokenizer_object_retokenizes_calls_through_the_gateway(fake_upstream, tiny_tokenizer):
@@ -272,3 +272,97 @@ def test_rollouts_pickle_for_worker_processes(fake_upstream):
     assert isinstance(by_value, rllm.Rollout) and by_value.name == "asker" and by_value.fn is ask
     ep = again.run(TASK, base_url=fake_upstream.base_url)
     assert_exact(ep.steps[0], "hello there")
+
+
+@pytest.mark.parametrize("timeout_s", [None, 30.0])
+def test_the_agents_own_timeout_error_is_its_error_not_ours(fake_upstream, timeout_s):
+    """An HTTP client's TimeoutError raised by the agent is recorded like any exception of the agent's, with
+    its type and message; it was once reported as our timeout ("timed out after None s")."""
+
+    @rllm.rollout
+    async def impatient(task: Task, config: rllm.RolloutConfig) -> None:
+        await aask(config, "before")
+        raise TimeoutError("the tool server did not answer in 2 s")
+
+    with pytest.warns(rllm.RolloutFailedWarning, match="impatient ended with error: TimeoutError: the tool server"):
+        ep = impatient.run(TASK, base_url=fake_upstream.base_url, timeout_s=timeout_s)
+    assert ep.termination_reason == "error" and "timed out after" not in (ep.error or "")
+    assert "Traceback" in (ep.error or "") and "TimeoutError: the tool server did not answer in 2 s" in (ep.error or "")
+    assert len(ep.steps) == 1
+
+
+@pytest.mark.parametrize(("given", "suggested"), [("timeout", "timeout_s"), ("base_uri", "base_url"),
+                                                  ("attempts", "attempt"), ("tokeniser", "tokenizer")])
+def test_misspelt_keyword_arguments_are_refused(fake_upstream, given, suggested):
+    ran: list[bool] = []
+
+    @rllm.rollout
+    def agent(task: Task, config: rllm.RolloutConfig) -> None:
+        ran.append(True)
+
+    kwargs = {"base_url": fake_upstream.base_url, given: 5}
+    if given == "base_uri":
+        kwargs.pop("base_url")
+    expected = rf"unknown keyword argument {given}= \(did you mean {suggested}=\?\)"
+    with pytest.raises(rllm.RLLMError, match=expected) as info:
+        agent.run(TASK, **kwargs)
+    assert "timeout_s, attempt, sampling" in str(info.value)  # the valid ones are named
+    with pytest.raises(rllm.RLLMError, match=r"upstream_url= is set by the rollout itself"):
+        agent.run(TASK, base_url=fake_upstream.base_url, upstream_url="http://elsewhere/v1")
+    assert ran == []  # refused before the agent ran
+
+
+def test_the_arun_keyword_list_matches_its_signature():
+    import inspect
+
+    from rllm_core.rollout import _ARUN_KEYWORDS
+
+    params = inspect.signature(rllm.Rollout.arun).parameters.values()
+    assert tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY) == _ARUN_KEYWORDS
+
+
+def test_other_extra_keywords_still_become_config_fields(fake_upstream):
+    @rllm.rollout
+    def agent(task: Task, config: rllm.RolloutConfig) -> str:
+        return f"{config.mode} {config.max_turns} {config.judge_model}"  # type: ignore[attr-defined]
+
+    ep = agent.run(TASK, base_url=fake_upstream.base_url, mode="cot", max_turns=3, judge_model="j")
+    assert ep.artifacts == {"answer": "cot 3 j"}
+
+
+async def test_retokenizing_runs_off_the_event_loop(fake_upstream, monkeypatch):
+    """Retokenizing a big episode is CPU work: it runs in a worker thread while other episodes go on."""
+    import importlib
+    import threading
+    import time
+
+    retok = importlib.import_module("rllm_core.capture.retokenize")  # the package exports a same-named function
+    loop_thread = threading.get_ident()
+    threads: list[int] = []
+    real = retok.retokenize_step
+
+    def slow_retokenize(step: Step, tokenizer: Any) -> Step:
+        threads.append(threading.get_ident())
+        time.sleep(0.3)  # a big episode's worth of tokenizing
+        return real(step, tokenizer)
+
+    monkeypatch.setattr(retok, "retokenize_step", slow_retokenize)
+    ticks = 0
+
+    async def ticker() -> None:
+        nonlocal ticks
+        while True:
+            await asyncio.sleep(0.02)
+            ticks += 1
+
+    @rllm.rollout
+    async def agent(task: Task, config: rllm.RolloutConfig) -> str:
+        return await aask(config, "x")
+
+    beat = asyncio.create_task(ticker())
+    try:
+        ep = await agent.arun(TASK, base_url=fake_upstream.base_url, tokenizer=object())
+    finally:
+        beat.cancel()
+    assert len(ep.steps) == 1 and threads and loop_thread not in threads
+    assert ticks >= 5  # the loop kept running while the step was retokenized

@@ -6,7 +6,8 @@ episode returned with its error, scoring by the benchmark in the driver), but ea
 and runs the actors; the driver only keeps each actor's slots busy (ceil(concurrency / workers) calls in
 flight per actor) from one queue, so a worker that dies loses just the calls it had in flight, not a
 backlog queued on it. Those are retried (`retries` times, on a replacement or a live worker); an episode
-whose retries are spent is returned as an error episode saying its worker died.
+whose retries are spent is returned as an error episode saying its worker died. Plugins: each episode's
+`rllm_on_episode_end` runs in its worker, `rllm_on_llm_call` in the driver, once per Step that comes back.
 
     with connect_ray(None, num_cpus=2):
         eps = asyncio.run(run_episodes_ray(rollout, tasks, workers=2, gateway=gw.remote(), model="m"))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from rich.progress import Progress
 
+from rllm_core.context import report_llm_calls
 from rllm_core.distributed.ray_worker import RolloutWorker, failed_episode_json
 from rllm_core.engine import EngineStats, score_episode
 from rllm_core.errors import ConfigError
@@ -242,6 +243,7 @@ class RayRun:
                 continue
             except Exception as exc:  # a Ray task error that is not the worker's death
                 ep = self._error_episode(job, "".join(traceback.format_exception(exc)))
+            report_llm_calls(ep.steps)  # here, in the driver, once per Step: the worker sent none
             self.stats.by_worker[name] = self.stats.by_worker.get(name, 0) + 1
             await self._finish(job, ep)
 

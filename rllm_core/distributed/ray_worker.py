@@ -3,6 +3,8 @@
 A plain class here (no `import ray` at module level): `run_episodes_ray` wraps it with `ray.remote` at run
 time, and Ray imports this module by name in the worker process. Tasks go in and Episodes come out as JSON,
 so the records that cross the process boundary are exactly what `Episode.model_validate_json` checks.
+Plugins' `rllm_on_episode_end` runs here (where adapters' call logs live); `rllm_on_llm_call` does not: the
+driver sends it for each Step of the episodes that come back.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Any
 
 import httpx
 
+from rllm_core.context import steps_reported_by_driver
 from rllm_core.rollout import Rollout
 from rllm_core.types import Episode, Task
 
@@ -65,9 +68,10 @@ class RolloutWorker:
         """One episode; never raises for the agent's own failures (they are in the Episode, as in-process)."""
         try:
             task = Task.model_validate_json(task_json)
-            ep = await self.rollout.arun(task, gateway=self.gateway, model=self.model, api_key=self.api_key,
-                                         sampling=self.sampling, timeout_s=self.timeout_s, attempt=attempt,
-                                         tokenizer=self.tokenizer)
+            with steps_reported_by_driver():  # the driver sends rllm_on_llm_call when the episode reaches it
+                ep = await self.rollout.arun(task, gateway=self.gateway, model=self.model, api_key=self.api_key,
+                                             sampling=self.sampling, timeout_s=self.timeout_s, attempt=attempt,
+                                             tokenizer=self.tokenizer)
             return ep.model_dump_json()
         except Exception as exc:
             text = "".join(traceback.format_exception(exc))

@@ -7,10 +7,23 @@
     open_endpoint(base_url, model)                   flag → `rllm model setup` → embedded server
 """
 
-from rllm_core.eval.agent import load_agent
-from rllm_core.eval.endpoint import Endpoint, check_reachable, open_endpoint
-from rllm_core.eval.runner import EvalOptions, EvalResult, run_eval
-from rllm_core.eval.summary import EvalSummary, pass_at_k, print_summary, summarize
+from importlib import import_module
+from typing import Any
+
+_HOME = {
+    "load_agent": "agent", "Endpoint": "endpoint", "check_reachable": "endpoint", "open_endpoint": "endpoint",
+    "EvalOptions": "runner", "EvalResult": "runner", "run_eval": "runner",
+    "EvalSummary": "summary", "pass_at_k": "summary", "print_summary": "summary", "summarize": "summary",
+}
+"""Where each public name lives: imported on first use (PEP 562), so `rllm model` and the CLI's start-up, which
+import `rllm_core.eval.cli`, do not load the eval engine and the model stack behind it."""
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _HOME:
+        raise AttributeError(f"module 'rllm_core.eval' has no attribute {name!r}")
+    return getattr(import_module(f"rllm_core.eval.{_HOME[name]}"), name)
+
 
 __all__ = [
     "Endpoint",

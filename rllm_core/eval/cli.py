@@ -8,8 +8,6 @@ from pathlib import Path
 import typer
 
 from rllm_core.errors import RLLMError
-from rllm_core.eval.runner import EvalOptions, run_eval
-from rllm_core.eval.summary import print_summary
 
 __all__ = ["eval_command"]
 
@@ -51,6 +49,9 @@ def eval_command(
             typer.secho(f"error: --api-key-env {api_key_env}: that environment variable is not set",
                         fg=typer.colors.RED, err=True)
             raise typer.Exit(2)
+    from rllm_core.eval.runner import EvalOptions, run_eval  # late: `rllm --help` / `rllm model` stay light
+    from rllm_core.eval.summary import print_summary
+
     try:
         opts = EvalOptions(benchmark=benchmark, split=split, max_examples=max_examples, base_url=base_url,
                            model=model, api_key=api_key, attempts=attempts, concurrency=concurrency, agent=agent,

@@ -12,10 +12,9 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Literal
 
-import httpx
-
-from rllm_core.errors import ConfigError, UpstreamError
+from rllm_core.errors import ConfigError
 from rllm_core.model_config import DEFAULT_EMBEDDED, load_model_config
+from rllm_core.net import check_reachable  # re-exported: `rllm_core.eval.check_reachable` is public
 
 __all__ = ["Endpoint", "check_reachable", "open_endpoint"]
 
@@ -28,34 +27,6 @@ class Endpoint:
     model: str
     api_key: str | None
     source: Literal["flag", "config", "embedded"]
-
-
-def check_reachable(base_url: str, api_key: str | None = None, timeout_s: float = 5.0) -> list[str]:
-    """GET {base_url}/models; UpstreamError naming the URL when nothing answers or the key is refused.
-
-    Returns the model ids the endpoint lists (empty when it lists none or has no /models)."""
-    url = base_url.rstrip("/") + "/models"
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    try:
-        resp = httpx.get(url, headers=headers, timeout=timeout_s)
-    except httpx.HTTPError as exc:
-        raise UpstreamError(
-            f"model endpoint {base_url} is not reachable ({type(exc).__name__}: {exc}). Start the server, fix "
-            "--base-url, or run `rllm model setup`; without either, `rllm eval` starts the embedded model."
-        ) from exc
-    if resp.status_code in (401, 403):
-        raise UpstreamError(f"model endpoint {base_url} refused the API key (HTTP {resp.status_code}); "
-                            "check the key's environment variable (`rllm model show`) or --api-key-env")
-    if resp.status_code >= 400:  # some OpenAI-compatible servers have no /models: say so, do not stop
-        v1 = base_url.rstrip("/").endswith("/v1")
-        hint = "" if v1 else " (an OpenAI-compatible base URL usually ends in /v1)"
-        log.warning("GET %s answered HTTP %s%s; going on, but check --base-url if every episode fails",
-                    url, resp.status_code, hint)
-        return []
-    try:
-        return [str(m["id"]) for m in resp.json().get("data", []) if isinstance(m, dict) and "id" in m]
-    except (ValueError, AttributeError):
-        return []
 
 
 @contextmanager
