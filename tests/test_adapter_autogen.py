@@ -35,23 +35,29 @@ INFO: Any = {"vision": False, "function_calling": True, "json_output": False, "f
              "structured_output": False}
 
 
-def client(url: str) -> OpenAIChatCompletionClient:
-    return OpenAIChatCompletionClient(model="fake", base_url=url, api_key="EMPTY", model_info=INFO, max_retries=0)
+def client(url: str, api_key: str = "EMPTY") -> OpenAIChatCompletionClient:
+    return OpenAIChatCompletionClient(model="fake", base_url=url, api_key=api_key, model_info=INFO, max_retries=0)
+
+
+def session_client(config: rllm.RolloutConfig) -> OpenAIChatCompletionClient:
+    """A client for the episode's gateway session, with the token the gateway expects."""
+    return client(config.base_url, config.api_key)
 
 
 def endpoint(config: rllm.RolloutConfig) -> str:
     return str(config.upstream_url) if getattr(config, "direct", False) else config.base_url
 
 
-def round_robin(url: str, stream: bool, runtime: Any = None) -> RoundRobinGroupChat:
-    solver = AssistantAgent("solver", model_client=client(url), model_client_stream=stream)
-    critic = AssistantAgent("critic", model_client=client(url), model_client_stream=stream)
+def round_robin(url: str, stream: bool, runtime: Any = None, api_key: str = "EMPTY") -> RoundRobinGroupChat:
+    solver = AssistantAgent("solver", model_client=client(url, api_key), model_client_stream=stream)
+    critic = AssistantAgent("critic", model_client=client(url, api_key), model_client_stream=stream)
     return RoundRobinGroupChat([solver, critic], termination_condition=MaxMessageTermination(5), runtime=runtime)
 
 
 @rllm.rollout
 async def team_rollout(task: rllm.Task, config: rllm.RolloutConfig) -> str:
-    team = wrap_team(round_robin(endpoint(config), stream=bool(getattr(config, "stream", False))))
+    team = wrap_team(round_robin(endpoint(config), stream=bool(getattr(config, "stream", False)),
+                                 api_key=config.api_key))
     result = await team.run(task=str(task.instruction))
     return str(result.messages[-1].to_text())
 
@@ -92,8 +98,8 @@ def selector_upstream() -> Iterator[FakeUpstream]:
 async def test_selector_group_chat_names_the_selector(selector_upstream: FakeUpstream) -> None:
     @rllm.rollout
     async def selector(task: rllm.Task, config: rllm.RolloutConfig) -> None:
-        agents = [AssistantAgent(n, model_client=client(config.base_url)) for n in ("solver", "critic")]
-        team = wrap_team(SelectorGroupChat(agents, model_client=client(config.base_url),
+        agents = [AssistantAgent(n, model_client=session_client(config)) for n in ("solver", "critic")]
+        team = wrap_team(SelectorGroupChat(agents, model_client=session_client(config),
                                            termination_condition=MaxMessageTermination(4)), manager_name="picker")
         assert set(named_clients(team)) == {"picker", "solver", "critic"}
         await team.run(task="pick someone")
@@ -110,9 +116,9 @@ async def test_selector_group_chat_names_the_selector(selector_upstream: FakeUps
 async def test_nested_team_in_a_society_of_mind_agent(fake_upstream: FakeUpstream) -> None:
     @rllm.rollout
     async def society(task: rllm.Task, config: rllm.RolloutConfig) -> None:
-        members = [AssistantAgent(n, model_client=client(config.base_url)) for n in ("solver", "critic")]
+        members = [AssistantAgent(n, model_client=session_client(config)) for n in ("solver", "critic")]
         inner = RoundRobinGroupChat(members, termination_condition=MaxMessageTermination(3))
-        agent = wrap_team(SocietyOfMindAgent("society", team=inner, model_client=client(config.base_url)))
+        agent = wrap_team(SocietyOfMindAgent("society", team=inner, model_client=session_client(config)))
         assert set(named_clients(agent)) == {"society", "solver", "critic"}
         await agent.run(task="think together")
 
@@ -131,7 +137,7 @@ def add_one(x: int) -> int:
 async def test_single_assistant_agent_with_tool(fake_upstream: FakeUpstream) -> None:
     @rllm.rollout
     async def single(task: rllm.Task, config: rllm.RolloutConfig) -> str:
-        agent = wrap_team(AssistantAgent("helper", model_client=client(config.base_url), tools=[add_one],
+        agent = wrap_team(AssistantAgent("helper", model_client=session_client(config), tools=[add_one],
                                          reflect_on_tool_use=True))
         result = await agent.run(task="use the tool")
         return str(result.messages[-1].to_text())
@@ -175,7 +181,7 @@ async def test_team_built_once_is_repointed_per_episode(fake_upstream: FakeUpstr
     @rllm.rollout
     async def reuse(task: rllm.Task, config: rllm.RolloutConfig) -> None:
         await team.reset()
-        wrap_team(team, base_url=config.base_url)
+        wrap_team(team, base_url=config.base_url, api_key=config.api_key)
         assert {str(c.inner.dump_component().config["base_url"]) for c in named_clients(team).values()} == {
             config.base_url}
         await team.run(task=str(task.instruction))
@@ -228,3 +234,88 @@ async def test_outside_rollout_records_adhoc_and_rewrap_repoints(fake_upstream: 
     check_round_robin(fake_upstream, episode)
     with pytest.raises(TypeError, match="AutoGen team"):
         wrap_team(object())
+
+
+# ------------------------------------------------------------------ one SelectorGroupChat, many episodes
+SELECTOR_AGENTS = ("solver", "critic", "checker")
+"""Three participants: with two, AutoGen skips the selector whenever one candidate is left."""
+
+
+def selector_team(url: str, runtime: Any = None, selector_client: Any = None) -> SelectorGroupChat:
+    agents = [AssistantAgent(n, model_client=client(url)) for n in SELECTOR_AGENTS]
+    return SelectorGroupChat(agents, model_client=selector_client or client(url), runtime=runtime,
+                             termination_condition=MaxMessageTermination(4))
+
+
+def check_selector_episode(up: FakeUpstream, episode: rllm.Episode, instruction: str, others: list[str]) -> None:
+    """Exactly this episode's calls: three speaker selections, each followed by the chosen agent's turn."""
+    assert episode.termination_reason == "completed", episode.error
+    names = [s.agent for s in episode.steps]
+    assert names[0::2] == ["selector"] * 3 and all(n in SELECTOR_AGENTS for n in names[1::2]), names
+    assert {t.name for t in episode.trajectories} == {"selector", *names[1::2]}
+    assert instruction in episode_text(episode) and not any(o in episode_text(episode) for o in others)
+    for step in episode.steps:
+        assert_wire_exact(up, step)
+        assert step.metadata["framework"] == "autogen" and step.metadata["team"] == "SelectorGroupChat"
+
+
+@pytest.mark.parametrize("reset", [True, False], ids=["reset", "no-reset"])
+@pytest.mark.parametrize("direct", [False, True], ids=["gateway", "inprocess"])
+async def test_selector_team_reused_records_each_episode_in_its_own_session(
+        selector_upstream: FakeUpstream, reset: bool, direct: bool) -> None:
+    """The review's bug: the selector's client reached AutoGen's group chat manager once (at the first run or
+    reset), so a team re-wrapped per episode kept selecting speakers through the first episode's client."""
+    runtime = SingleThreadedAgentRuntime()
+    runtime.start()  # outside any episode, as a long-lived worker would
+    team = selector_team("http://127.0.0.1:9/v1", runtime=runtime)  # a dead port: re-pointed per episode
+
+    @rllm.rollout
+    async def reuse(task: rllm.Task, config: rllm.RolloutConfig) -> None:
+        if reset:
+            await team.reset()  # before wrap_team on the first episode: the manager exists with the raw client
+        wrap_team(team, base_url=endpoint(config), api_key=config.api_key)
+        await team.run(task=str(task.instruction))
+
+    instructions = [f"selector episode {i}" for i in range(3)]
+    try:
+        episodes = [await reuse.arun({"id": f"s{i}", "instruction": text}, base_url=selector_upstream.base_url,
+                                     direct=direct) for i, text in enumerate(instructions)]
+    finally:
+        await runtime.stop()
+    for i, (ep, text) in enumerate(zip(episodes, instructions, strict=True)):
+        # without reset AutoGen carries the conversation on (earlier tasks are in the prompt), never later ones
+        others = [o for j, o in enumerate(instructions) if j > i or (reset and j != i)]
+        check_selector_episode(selector_upstream, ep, text, others)
+    assert sum(len(ep.steps) for ep in episodes) == len(selector_upstream.requests) == 18  # none lost or strayed
+
+
+async def test_selector_teams_reused_concurrently(selector_upstream: FakeUpstream) -> None:
+    """AutoGen refuses to run one team twice at once, so concurrency means two reused teams running side by
+    side (one runtime, one selector client object shared by both), each for two episodes in turn."""
+    runtime = SingleThreadedAgentRuntime()
+    runtime.start()
+    shared = client("http://127.0.0.1:9/v1")
+    teams = [wrap_team(selector_team("http://127.0.0.1:9/v1", runtime=runtime, selector_client=shared))
+             for _ in range(2)]
+
+    @rllm.rollout
+    async def reuse(task: rllm.Task, config: rllm.RolloutConfig) -> None:
+        team = teams[int(task.metadata["team"])]
+        await team.reset()
+        wrap_team(team, base_url=config.base_url, api_key=config.api_key)
+        await team.run(task=str(task.instruction))
+
+    async def chain(t: int) -> list[rllm.Episode]:
+        return [await reuse.arun({"id": f"c{t}{i}", "instruction": f"team {t} round {i}", "metadata": {"team": t}},
+                                 base_url=selector_upstream.base_url) for i in range(2)]
+
+    try:
+        chains = await asyncio.gather(chain(0), chain(1))
+        with pytest.raises(ValueError, match="already running"):  # what "concurrent" cannot mean in AutoGen
+            await asyncio.gather(teams[0].run(task="a"), teams[0].run(task="b"))
+    finally:
+        await runtime.stop()
+    texts = [f"team {t} round {i}" for t in range(2) for i in range(2)]
+    for t, episodes in enumerate(chains):
+        for i, ep in enumerate(episodes):
+            check_selector_episode(selector_upstream, ep, texts[2 * t + i], [o for o in texts if o != texts[2 * t + i]])

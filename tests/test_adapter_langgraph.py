@@ -7,7 +7,9 @@ So every episode must hold trajectories [("planner", 1), ("agent", 2)], each ste
 from __future__ import annotations
 
 import asyncio
+import json
 import math
+import operator
 import os
 import pickle
 import subprocess
@@ -18,12 +20,15 @@ from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
 import pytest
-from langchain_core.messages import AnyMessage, HumanMessage
-from langchain_core.tools import tool
+from langchain_core.messages import AIMessage, AnyMessage, HumanMessage
+from langchain_core.runnables import RunnableLambda
+from langchain_core.tools import StructuredTool, tool
 from langchain_openai import ChatOpenAI
-from langgraph.graph import START, StateGraph
+from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 from langgraph.prebuilt import ToolNode, tools_condition
+from langgraph.types import Send
+from pydantic import BaseModel
 from test_adapter_support import (
     assert_wire_exact,
     episode_text,
@@ -34,7 +39,7 @@ from test_adapter_support import (
 import rllm
 from rllm_adapters._common import AdapterWarning
 from rllm_adapters.langgraph import RLLMCallbackHandler, install, uninstall, wrap_graph
-from rllm_core.testing.fake_upstream import FakeUpstream
+from rllm_core.testing.fake_upstream import FakeUpstream, default_responder, start_fake_upstream
 
 SHAPE = [("planner", 1), ("agent", 2)]
 
@@ -49,8 +54,9 @@ class State(TypedDict):
     messages: Annotated[list[AnyMessage], add_messages]
 
 
-def build_graph(base_url: str, streaming: bool = False, async_agent: bool | None = None) -> Any:
-    llm = ChatOpenAI(model="fake", base_url=base_url, api_key="EMPTY", streaming=streaming, max_retries=0)
+def build_graph(base_url: str, streaming: bool = False, async_agent: bool | None = None,
+                api_key: str = "EMPTY") -> Any:
+    llm = ChatOpenAI(model="fake", base_url=base_url, api_key=api_key, streaming=streaming, max_retries=0)
     tooled = llm.bind_tools([add_one])
 
     def planner(state: State) -> dict[str, Any]:
@@ -73,6 +79,11 @@ def build_graph(base_url: str, streaming: bool = False, async_agent: bool | None
     return g.compile()
 
 
+def session_graph(config: rllm.RolloutConfig) -> Any:
+    """The graph on the episode's gateway session, with the token the gateway expects."""
+    return build_graph(config.base_url, api_key=config.api_key)
+
+
 def endpoint(config: rllm.RolloutConfig) -> str:
     """The gateway session URL, or with `direct=True` the upstream itself (in-process capture, by context)."""
     return str(config.upstream_url) if getattr(config, "direct", False) else config.base_url
@@ -80,7 +91,8 @@ def endpoint(config: rllm.RolloutConfig) -> str:
 
 @rllm.rollout
 def sync_graph(task: rllm.Task, config: rllm.RolloutConfig) -> str:
-    graph = build_graph(endpoint(config), streaming=bool(getattr(config, "stream", False)), async_agent=False)
+    graph = build_graph(endpoint(config), streaming=bool(getattr(config, "stream", False)), async_agent=False,
+                        api_key=config.api_key)
     out = graph.invoke({"messages": [HumanMessage(str(task.instruction))]},
                        config={"callbacks": [RLLMCallbackHandler()]})
     return str(out["messages"][-1].content)
@@ -89,7 +101,7 @@ def sync_graph(task: rllm.Task, config: rllm.RolloutConfig) -> str:
 @rllm.rollout
 async def streaming_graph(task: rllm.Task, config: rllm.RolloutConfig) -> str:
     """Async + streamed: `astream` with token streaming in both nodes, one node async."""
-    graph = wrap_graph(build_graph(endpoint(config), streaming=True))
+    graph = wrap_graph(build_graph(endpoint(config), streaming=True, api_key=config.api_key))
     last = None
     async for update in graph.astream({"messages": [HumanMessage(str(task.instruction))]}, stream_mode="values"):
         last = update
@@ -188,13 +200,13 @@ def test_one_shared_graph_eight_episodes_in_threads_and_asyncio(fake_upstream: F
 def test_zero_line_install_captures_an_unedited_graph(fake_upstream: FakeUpstream) -> None:
     @rllm.rollout
     def untouched(task: rllm.Task, config: rllm.RolloutConfig) -> str:
-        out = build_graph(config.base_url).invoke({"messages": [HumanMessage("no callbacks here")]})
+        out = session_graph(config).invoke({"messages": [HumanMessage("no callbacks here")]})
         return str(out["messages"][-1].content)
 
     @rllm.rollout
     def both(task: rllm.Task, config: rllm.RolloutConfig) -> str:  # global + explicit handler: logged once
         handler = RLLMCallbackHandler()
-        build_graph(config.base_url).invoke({"messages": [HumanMessage("both")]}, config={"callbacks": [handler]})
+        session_graph(config).invoke({"messages": [HumanMessage("both")]}, config={"callbacks": [handler]})
         return str(len(handler.calls))
 
     handler = install()
@@ -236,7 +248,7 @@ def test_outside_rollout_records_an_adhoc_episode_and_warns_once(fake_upstream: 
 def test_handler_naming_rules(fake_upstream: FakeUpstream) -> None:
     @rllm.rollout
     def named(task: rllm.Task, config: rllm.RolloutConfig) -> None:
-        graph = build_graph(config.base_url)
+        graph = session_graph(config)
         graph.invoke({"messages": [HumanMessage("x")]}, config={"callbacks": [RLLMCallbackHandler(agent="solver")]})
         with rllm.agent_scope("outer"):
             graph.invoke({"messages": [HumanMessage("y")]}, config={"callbacks": [RLLMCallbackHandler()]})
@@ -266,8 +278,8 @@ def test_subgraph_agents_with_the_same_node_names_stay_apart(fake_upstream: Fake
     @rllm.rollout
     def team(task: rllm.Task, config: rllm.RolloutConfig) -> None:
         top = StateGraph(State)
-        top.add_node("researcher", build_graph(config.base_url))
-        top.add_node("writer", build_graph(config.base_url))
+        top.add_node("researcher", session_graph(config))
+        top.add_node("writer", session_graph(config))
         top.add_edge(START, "researcher")
         top.add_edge("researcher", "writer")
         top.compile().invoke({"messages": [HumanMessage("nested")]}, config={"callbacks": [RLLMCallbackHandler()]})
@@ -306,3 +318,186 @@ def test_overhead_benchmark_runs_and_reports_the_ratio() -> None:
     for key in ("added_paired_ms_per_call", "ratio_paired", "added_cpu_ms_per_call", "ratio_median_wall_ms_per_call"):
         assert math.isfinite(res[key])
     assert res["with"]["median_wall_ms_per_call"] > 0 and res["without"]["median_wall_ms_per_call"] > 0
+
+
+# ------------------------------------------------------------------------------- Send fan-out, tool calls
+TOPICS = ["cats", "dogs", "owls"]
+
+
+class MapState(TypedDict):
+    topics: list[str]
+    drafts: Annotated[list[str], operator.add]
+    messages: Annotated[list[AnyMessage], add_messages]
+
+
+def map_reduce_graph(config: rllm.RolloutConfig) -> Any:
+    """draft x3 (Send) -> collect (one call) -> research x2 (Send, each a whole tool-calling subgraph)."""
+    llm = ChatOpenAI(model="fake", base_url=endpoint(config), api_key=config.api_key, max_retries=0)
+
+    async def draft(branch: dict[str, Any]) -> dict[str, Any]:
+        return {"drafts": [(await llm.ainvoke(f"draft about {branch['topic']}")).content]}
+
+    def collect(state: MapState) -> dict[str, Any]:
+        return {"messages": [llm.invoke("pick one of: " + "; ".join(sorted(state["drafts"])))]}
+
+    g = StateGraph(MapState)  # draft runs sync under invoke, async under ainvoke
+    g.add_node("draft", RunnableLambda(lambda b: {"drafts": [llm.invoke(f"draft about {b['topic']}").content]},
+                                       afunc=draft))
+    g.add_node("collect", collect)
+    g.add_node("research", build_graph(endpoint(config), api_key=config.api_key))
+    g.add_conditional_edges(START, lambda s: [Send("draft", {"topic": t}) for t in s["topics"]], ["draft"])
+    g.add_edge("draft", "collect")
+    g.add_conditional_edges("collect", lambda s: [
+        Send("research", {"messages": [HumanMessage(f"research topic {i}")]}) for i in range(2)], ["research"])
+    g.add_edge("research", END)
+    return g.compile()
+
+
+@rllm.rollout
+async def map_reduce(task: rllm.Task, config: rllm.RolloutConfig) -> None:
+    graph = wrap_graph(map_reduce_graph(config))
+    inputs = {"topics": TOPICS, "drafts": [], "messages": []}
+    if task.metadata.get("sync"):
+        await asyncio.to_thread(graph.invoke, inputs)
+    else:
+        await graph.ainvoke(inputs)
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["ainvoke", "invoke"])
+@pytest.mark.parametrize("direct", [False, True], ids=["gateway", "inprocess"])
+async def test_send_fan_out_gives_one_trajectory_per_branch(fake_upstream: FakeUpstream, sync: bool,
+                                                           direct: bool) -> None:
+    """Each Send branch is its own trajectory, named by its index in the step's Send list ("draft#1"); a
+    branch running a subgraph prefixes that subgraph's nodes ("research#1/agent")."""
+    episodes = [await map_reduce.arun({"id": f"mr{i}", "metadata": {"sync": sync}},
+                                      base_url=fake_upstream.base_url, direct=direct) for i in range(2)]
+    expected = {**{f"draft#{i}": 1 for i in range(3)}, "collect": 1,
+                **{f"research#{i}/{node}": n for i in range(2) for node, n in (("planner", 1), ("agent", 2))}}
+    for episode in episodes:
+        assert episode.termination_reason == "completed", episode.error
+        assert dict(trajectory_shape(episode)) == expected  # the same names in every episode
+        for traj in episode.trajectories:
+            text = " ".join(json.dumps(s.messages) for s in traj.steps)
+            for step in traj.steps:
+                assert step.agent == step.metadata["node_path"] == traj.name
+                assert_wire_exact(fake_upstream, step)
+            if traj.name.startswith("draft#"):
+                i = int(traj.name[len("draft#"):])
+                assert traj.steps[0].metadata["send_index"] == i and f"about {TOPICS[i]}" in text
+                assert all(f"about {t}" not in text for t in TOPICS if t != TOPICS[i])
+            elif traj.name.startswith("research#"):
+                i = int(traj.name.split("/")[0][len("research#"):])
+                assert f"research topic {i}" in text and f"research topic {1 - i}" not in text
+            else:
+                assert "send_index" not in traj.steps[0].metadata
+
+
+def tools_in_turn(body: dict[str, Any]) -> Any:
+    """Call the offered tools one after the other (one per turn), then answer."""
+    tools = body.get("tools") or []
+    done = sum(m.get("role") == "tool" for m in body.get("messages") or [])
+    if done < len(tools):
+        return {"tool_call": {"name": tools[done]["function"]["name"], "arguments": {"x": done + 1}}}
+    return default_responder(body)
+
+
+def asking_tool(llm: ChatOpenAI, name: str, prompt: str) -> StructuredTool:
+    """A tool that asks the model (sync under invoke, async under ainvoke)."""
+    async def ask(x: int) -> str:
+        return str((await llm.ainvoke(prompt.format(x))).content)
+
+    return StructuredTool.from_function(lambda x: str(llm.invoke(prompt.format(x)).content), coroutine=ask,
+                                        name=name, description=f"{name} about x", args_schema=AddOne)
+
+
+class AddOne(BaseModel):
+    x: int
+
+
+def expert_graph(base_url: str, api_key: str, parallel: bool = False) -> Any:
+    """planner -> agent <-> tools, the agent calling ask_expert, ask_critic, add_one in turn; or (`parallel`)
+    one node asking for both model-calling tools at once, which ToolNode runs side by side."""
+    llm = ChatOpenAI(model="fake", base_url=base_url, api_key=api_key, max_retries=0)
+    tools = [asking_tool(llm, "ask_expert", "expert, what is {}?"), asking_tool(llm, "ask_critic", "critic, judge {}"),
+             add_one]
+    g = StateGraph(State)
+    g.add_node("tools", ToolNode(tools))
+    if parallel:
+        calls = [{"name": "ask_expert", "args": {"x": 7}, "id": "call_e", "type": "tool_call"},
+                 {"name": "ask_critic", "args": {"x": 8}, "id": "call_c", "type": "tool_call"}]
+        g.add_node("fanout", lambda state: {"messages": [AIMessage("", tool_calls=calls)]})
+        g.add_edge(START, "fanout")
+        g.add_edge("fanout", "tools")
+        g.add_edge("tools", END)
+        return g.compile()
+    g.add_node("planner", lambda state: {"messages": [llm.invoke(state["messages"])]})
+    g.add_node("agent", RunnableLambda(lambda state: state["messages"]) | llm.bind_tools(tools)
+               | (lambda message: {"messages": [message]}))
+    g.add_edge(START, "planner")
+    g.add_edge("planner", "agent")
+    g.add_conditional_edges("agent", tools_condition)
+    g.add_edge("tools", "agent")
+    return g.compile()
+
+
+@pytest.mark.parametrize("sync", [False, True], ids=["async_tools", "sync_tools"])
+@pytest.mark.parametrize("direct", [False, True], ids=["gateway", "inprocess"])
+async def test_calls_inside_a_tool_are_named_by_the_tool(sync: bool, direct: bool) -> None:
+    """A tool that asks a model is its own trajectory, "tools:<tool name>"; ordinary nodes keep their names,
+    and a tool that calls no model (add_one) adds nothing."""
+    with start_fake_upstream(responder=tools_in_turn) as up:
+        @rllm.rollout
+        async def experts(task: rllm.Task, config: rllm.RolloutConfig) -> None:
+            for parallel in (False, True):
+                graph = expert_graph(endpoint(config), config.api_key, parallel)
+                inputs = {"messages": [HumanMessage("ask around")]}
+                if sync:
+                    await asyncio.to_thread(graph.invoke, inputs, {"callbacks": [RLLMCallbackHandler()]})
+                else:
+                    await graph.ainvoke(inputs, config={"callbacks": [RLLMCallbackHandler()]})
+
+        episode = await experts.arun({"id": "tools"}, base_url=up.base_url, direct=direct)
+        assert episode.termination_reason == "completed", episode.error
+        assert trajectory_shape(episode) == [("planner", 1), ("agent", 4), ("tools:ask_expert", 2),
+                                             ("tools:ask_critic", 2)]
+        expert, critic = (" ".join(json.dumps(s.messages) for s in t.steps) for t in episode.trajectories[2:])
+        assert "expert, what is 1?" in expert and "expert, what is 7?" in expert and "critic" not in expert
+        assert "critic, judge 2" in critic and "critic, judge 8" in critic and "expert" not in critic
+        for traj in episode.trajectories:
+            for step in traj.steps:
+                assert_wire_exact(up, step)
+                assert step.metadata["node_path"] == traj.name.split(":")[0]  # the graph's own node path
+                if traj.name.startswith("tools:"):
+                    assert step.metadata["tool"] == traj.name.split(":")[1] and step.metadata["node"] == "tools"
+                else:
+                    assert "tool" not in step.metadata
+
+
+def test_a_subgraph_run_by_a_tool_is_named_under_the_tool(fake_upstream: FakeUpstream) -> None:
+    """A tool that runs a whole agent graph: its nodes sit under the tool, "tools:ask_team/agent"."""
+
+    @rllm.rollout
+    def delegate(task: rllm.Task, config: rllm.RolloutConfig) -> None:
+        team = session_graph(config)
+
+        @tool
+        def ask_team(x: int) -> str:
+            """Ask the team about x."""
+            return str(team.invoke({"messages": [HumanMessage(f"team, look at {x}")]})["messages"][-1].content)
+
+        llm = ChatOpenAI(model="fake", base_url=config.base_url, api_key=config.api_key, max_retries=0)
+        g = StateGraph(State)
+        g.add_node("agent", lambda state: {"messages": [llm.bind_tools([ask_team]).invoke(state["messages"])]})
+        g.add_node("tools", ToolNode([ask_team]))
+        g.add_edge(START, "agent")
+        g.add_conditional_edges("agent", tools_condition)
+        g.add_edge("tools", "agent")
+        g.compile().invoke({"messages": [HumanMessage("delegate")]}, config={"callbacks": [RLLMCallbackHandler()]})
+
+    episode = delegate.run({"id": "delegate"}, base_url=fake_upstream.base_url)
+    assert episode.termination_reason == "completed", episode.error
+    assert trajectory_shape(episode) == [("agent", 2), ("tools:ask_team/planner", 1), ("tools:ask_team/agent", 2)]
+    for traj in episode.trajectories:
+        for step in traj.steps:
+            assert_wire_exact(fake_upstream, step)
+            assert step.metadata.get("tool") == ("ask_team" if traj.name.startswith("tools:") else None)

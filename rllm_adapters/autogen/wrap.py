@@ -4,7 +4,9 @@ The team is changed in place (and returned): each agent's model client is replac
 carrying the agent's name; a SelectorGroupChat's own client (the speaker selection calls) is named
 `manager_name`; nested teams (SocietyOfMindAgent) are wrapped too. The team's `run_stream` (which `run`
 goes through) binds the episode it was called in, so calls land in that episode even when AutoGen's runtime
-runs the agents in a context that belongs to another one.
+runs the agents in a context that belongs to another one. Before each run an existing group chat manager
+(created at the team's first run or reset, holding the client of that moment) is given the team's wrapped
+client, so a reused SelectorGroupChat's speaker selection follows the episode too.
 
 AutoGen keeps model clients in private attributes (`_model_client`) and offers no public way to replace
 them; that one access is kept here, checked, and fails with a clear error when AutoGen changes it.
@@ -19,6 +21,7 @@ from collections.abc import AsyncGenerator, Iterator
 from contextlib import contextmanager
 from typing import Any, TypeVar
 
+from autogen_core import AgentId
 from autogen_core.models import ChatCompletionClient
 
 from rllm_adapters._common import check_version, finish_adhoc_episode, open_adhoc_episode
@@ -41,17 +44,22 @@ T = TypeVar("T")
 _CLIENT_ATTR = "_model_client"
 _TEAM_ATTR = "_team"
 _MARK = "__rllm_binding__"
+_LATE = "__rllm_wrapped_after_init__"
+"""Set on a group chat wrapped after its manager was created, until that manager has been given the client."""
 _REPOINTABLE = ".OpenAIChatCompletionClient"
 """Provider suffix of the clients whose config has a plain `base_url` (Azure's has an endpoint instead)."""
 
 
-def wrap_team(team: T, *, base_url: str | None = None, manager_name: str = "selector") -> T:
+def wrap_team(team: T, *, base_url: str | None = None, api_key: str | None = None,
+              manager_name: str = "selector") -> T:
     """Name every model call of `team` after the agent that made it; returns the same (mutated) team.
 
     Args:
         team: a RoundRobinGroupChat, SelectorGroupChat (or other BaseGroupChat), or a single agent.
         base_url: point every OpenAI-compatible model client at this URL, e.g. the episode's
             `config.base_url` (the gateway session URL) when the team was built for another endpoint.
+        api_key: with `base_url`, the key those clients send there: the episode's `config.api_key` (the
+            gateway's client token), since the one the team was built with belongs to the other endpoint.
         manager_name: the trajectory name for calls made by the team itself (SelectorGroupChat's selector).
 
     Calling it again on a wrapped team only re-points the clients (with `base_url`).
@@ -61,11 +69,14 @@ def wrap_team(team: T, *, base_url: str | None = None, manager_name: str = "sele
             f"wrap_team expects an AutoGen team (RoundRobinGroupChat, SelectorGroupChat, ...) or agent "
             f"(AssistantAgent, ...), got {type(team).__name__}"
         )
+    if api_key is not None and base_url is None:
+        raise ValueError("wrap_team(api_key=...) goes with base_url=...: it is the key sent to that URL")
     binding: EpisodeBinding | None = getattr(team, _MARK, None)
     if binding is None:
         binding = EpisodeBinding()
         _bind_runs(team, binding)
-    _wrap_members(team, binding, base_url=base_url, manager_name=manager_name, team_name=type(team).__name__)
+    _wrap_members(team, binding, base_url=base_url, api_key=api_key, manager_name=manager_name,
+                  team_name=type(team).__name__)
     return team
 
 
@@ -90,8 +101,8 @@ def _owners(team: Any) -> list[Any]:
     return out
 
 
-def _wrap_members(team: Any, binding: EpisodeBinding, *, base_url: str | None, manager_name: str,
-                  team_name: str) -> None:
+def _wrap_members(team: Any, binding: EpisodeBinding, *, base_url: str | None, api_key: str | None,
+                  manager_name: str, team_name: str) -> None:
     for owner in _owners(team):
         client = getattr(owner, _CLIENT_ATTR, None)
         if client is None:
@@ -103,11 +114,18 @@ def _wrap_members(team: Any, binding: EpisodeBinding, *, base_url: str | None, m
         name = manager_name if is_team else str(getattr(owner, "name", type(owner).__name__))
         inner = client.inner if isinstance(client, NamedModelClient) else client
         if base_url is not None:
-            inner = _repoint(inner, base_url)
-        setattr(owner, _CLIENT_ATTR, NamedModelClient(inner, agent=name, binding=binding, team=team_name))
+            inner = _repoint(inner, base_url, api_key)
+        if isinstance(client, NamedModelClient) and client.binding is binding:
+            # Re-wrap in place: AutoGen may hold this very object (a group chat manager keeps the selector's
+            # client from its creation on), so it must see the new endpoint, not a replacement it never reads.
+            client.inner, client.agent, client.team = inner, name, team_name
+        else:
+            if is_team and getattr(owner, "_initialized", False):
+                setattr(owner, _LATE, True)  # its manager already holds the unwrapped client: see _sync_managers
+            setattr(owner, _CLIENT_ATTR, NamedModelClient(inner, agent=name, binding=binding, team=team_name))
 
 
-def _repoint(client: ChatCompletionClient, base_url: str) -> ChatCompletionClient:
+def _repoint(client: ChatCompletionClient, base_url: str, api_key: str | None = None) -> ChatCompletionClient:
     """A copy of an OpenAI-compatible client sending to `base_url` (through AutoGen's public component API)."""
     model = client.dump_component()
     if not model.provider.endswith(_REPOINTABLE):
@@ -116,7 +134,7 @@ def _repoint(client: ChatCompletionClient, base_url: str) -> ChatCompletionClien
             f"{type(client).__name__} ({model.provider}); build that client with the episode's config.base_url "
             "yourself, or call wrap_team without base_url="
         )
-    config = {**model.config, "base_url": base_url}
+    config = {**model.config, "base_url": base_url, **({"api_key": api_key} if api_key is not None else {})}
     return type(client).load_component(model.model_copy(update={"config": config}))
 
 
@@ -132,7 +150,8 @@ def _bound(binding: EpisodeBinding) -> Iterator[None]:
         error = exc
         raise
     finally:
-        binding.ctx = previous
+        if binding.ctx is ctx:  # a run AutoGen refused (the team was already running) must not unbind that run
+            binding.ctx = previous
         _finish_adhoc(ctx, error)
 
 
@@ -142,6 +161,7 @@ def _bind_runs(team: Any, binding: EpisodeBinding) -> None:
 
     @functools.wraps(orig_stream)
     async def run_stream(*args: Any, **kwargs: Any) -> AsyncGenerator[Any, None]:
+        await _sync_managers(team)
         with _bound(binding):
             async for item in orig_stream(*args, **kwargs):
                 yield item
@@ -157,6 +177,37 @@ def _bind_runs(team: Any, binding: EpisodeBinding) -> None:
 
         team.run = run
     setattr(team, _MARK, binding)
+
+
+async def _sync_managers(team: Any) -> None:
+    """Give every initialised group chat manager its team's wrapped client before a run.
+
+    A group chat creates its manager (which makes the SelectorGroupChat's speaker selection calls) on its first
+    `run` or `reset`, handing it the team's `_model_client` of that moment. A team wrapped after that (the
+    usual `await team.reset(); wrap_team(team, base_url=...)` per episode) would have the selector keep its
+    first client: calls unattributed, sent to the first endpoint, or to a previous episode's gateway session.
+    The manager is reached through the runtime's public `try_get_underlying_agent_instance`.
+    """
+    for owner in _owners(team):
+        client = getattr(owner, _CLIENT_ATTR, None)
+        if not (hasattr(owner, "_participants") and isinstance(client, NamedModelClient)
+                and getattr(owner, "_initialized", False)):
+            continue
+        try:
+            manager = await owner._runtime.try_get_underlying_agent_instance(
+                AgentId(owner._group_chat_manager_topic_type, owner._team_id))
+        except (AttributeError, LookupError, NotImplementedError, TypeError) as exc:
+            if getattr(owner, _LATE, False):
+                raise RuntimeError(
+                    f"rllm_adapters.autogen: {type(owner).__name__} was run or reset before wrap_team, and its "
+                    f"group chat manager cannot be reached on {type(getattr(owner, '_runtime', None)).__name__} "
+                    f"({exc!r}) to give it the wrapped model client; call wrap_team(team) before the team's "
+                    "first run() / reset()"
+                ) from exc
+            continue  # wrapped before its first run: the manager already holds the (in-place updated) client
+        if hasattr(manager, _CLIENT_ATTR) and getattr(manager, _CLIENT_ATTR) is not client:
+            setattr(manager, _CLIENT_ATTR, client)
+        setattr(owner, _LATE, False)
 
 
 def _finish_adhoc(ctx: EpisodeContext, error: BaseException | None) -> None:

@@ -6,7 +6,8 @@
     graph = rllm_adapters.langgraph.wrap_graph(graph)                    # same, bound once to the graph
 
 Each node ("planner", or "researcher/agent" inside a subgraph) or named agent (`lc_agent_name`) becomes its
-own Trajectory. Needs `pip install "rllm[langgraph]"`.
+own Trajectory; so does each `Send` branch ("draft#0", "draft#1") and each tool that asks a model
+("tools:ask_expert"). Needs `pip install "rllm[langgraph]"`.
 """
 
 from __future__ import annotations
