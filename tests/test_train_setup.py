@@ -130,7 +130,9 @@ import rllm
 def solve(task, config):
     """Asks the model and scores itself: the benchmark has no reward (workflow none)."""
     body = {"model": config.model, "messages": [{"role": "user", "content": task.instruction}], **config.sampling}
-    text = httpx.post(f"{config.base_url}/chat/completions", json=body, timeout=30).json()["choices"][0]["message"]
+    auth = {"Authorization": f"Bearer {config.api_key}"}  # the run's gateway token
+    text = httpx.post(f"{config.base_url}/chat/completions", json=body, headers=auth,
+                      timeout=30).json()["choices"][0]["message"]
     return {"answer": text["content"], "reward": 1.0 if "yes" in text["content"] else 0.0}
 '''
 
