@@ -123,3 +123,14 @@ def test_cli_generates_and_prints_a_token_or_takes_it_from_the_environment(fake_
                           "--host", "0.0.0.0", "--port", "0", "--no-auth"], capture_output=True, text=True,
                          timeout=60, env={**os.environ, "RLLM_LOG_LEVEL": "ERROR"})
     assert bad.returncode == 2 and "needs a client token" in " ".join(bad.stderr.split())
+
+
+@pytest.mark.parametrize("path", ["models/..%2ffiles", "models/..%2Ffiles/file-1/content", "models/%2e%2e/files",
+                                  "models/x%2f..%2f..%2ffine_tuning/jobs", "models/%2e/x", "models//files"])
+def test_dot_segments_never_walk_out_of_the_allowed_routes(fake_upstream: FakeUpstream, path: str) -> None:
+    """GET models/<id> passes upstream; an encoded `..` must not turn it into /v1/files with the upstream's key."""
+    with start_gateway([UpstreamConfig(url=fake_upstream.base_url)]) as gw:
+        n_before = len(fake_upstream.requests)
+        r = httpx.get(f"{gw.url}/v1/{path}", headers={"Authorization": f"Bearer {gw.client_api_key}"})
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", r.text
+    assert len(fake_upstream.requests) == n_before

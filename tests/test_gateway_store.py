@@ -225,6 +225,19 @@ def test_steps_and_closed_sessions_survive_a_gateway_restart(fake_upstream: Fake
         assert r.status_code == 410 and "already taken" in r.json()["error"]["message"]
 
 
+def test_a_generated_token_is_kept_in_the_file_so_clients_outlive_a_restart(fake_upstream: FakeUpstream,
+                                                                           tmp_path: Path) -> None:
+    spec, up = f"sqlite:{tmp_path / 'gw.db'}", [UpstreamConfig(url=fake_upstream.base_url)]
+    with start_gateway(up, store=spec) as gw:  # no api_key: one is generated, and stored with the steps
+        token, port = gw.client_api_key, gw.port
+        assert token and post_chat(gw.url, "a", token).status_code == 200
+    with start_gateway(up, port=port, store=spec) as gw2:
+        assert gw2.client_api_key == token
+        assert len(RemoteGateway(gw2.url, api_key=token).take_steps("a")) == 1
+    with start_gateway(up, store="memory") as other:  # a store that keeps nothing: a fresh token each start
+        assert other.client_api_key and other.client_api_key != token
+
+
 def test_remote_gateway_retries_across_a_restart_and_a_lost_take_reply_is_not_lost(
         fake_upstream: FakeUpstream, tmp_path: Path) -> None:
     spec, up = f"sqlite:{tmp_path / 'gw.db'}", [UpstreamConfig(url=fake_upstream.base_url)]

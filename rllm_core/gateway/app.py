@@ -27,9 +27,11 @@ from __future__ import annotations
 import asyncio
 import hmac
 import logging
+from urllib.parse import quote
 
 import aiohttp
 from aiohttp import web
+from yarl import URL
 
 from rllm_core.capture import _json
 from rllm_core.capture.assemble import CallAssembler, error_step
@@ -118,7 +120,12 @@ class _Gateway:
                       "authentication_error")
 
     def _record(self, session_id: str, steps: list[Step], up: Upstream | None = None) -> None:
-        late = self.store.add(session_id, steps)  # a closed session's: dropped, counted and logged by the store
+        """Store a call's Steps. Never raises: a failing store costs the Steps (logged), never the client's reply."""
+        try:
+            late = self.store.add(session_id, steps)  # a closed session's: dropped, counted, logged by the store
+        except Exception:
+            log.exception("gateway: recording the steps of a call failed; the call itself went through")
+            return
         if not late and up is not None and up.config.exact_turns:  # only these take the next turn's hint
             self.turns.record(session_id, steps)
         # No plugin event here: this may be another process; the driver sends rllm_on_llm_call once per Step
@@ -260,7 +267,8 @@ class _Gateway:
         if (refused := _not_allowed(request.method, tail)) is not None:  # `proxy` reached without `call`
             return refused
         try:
-            async with self.http.request(request.method, f"{up.url}/{tail}", data=raw or None,
+            target = URL(f"{up.url}/{quote(tail.strip('/'), safe='/')}", encoded=True)  # `?`, `%` stay in the path
+            async with self.http.request(request.method, target, data=raw or None,
                                          headers=self._upstream_headers(request, up),
                                          timeout=self._timeout(up)) as resp:
                 body = await resp.read()
@@ -310,10 +318,7 @@ class _Gateway:
             error = f"upstream failed while sending its reply: {type(exc).__name__}: {exc}"
         out = asm.feed(body)  # feed/finish never raise: a reply capture cannot parse still reaches the client
         tail, steps = asm.finish(error)
-        try:
-            self._record(sid, steps, up)
-        except Exception:  # a failing store costs the Steps, never the client's reply
-            log.exception("gateway: recording the steps of a call failed; the call itself went through")
+        self._record(sid, steps, up)
         if error is not None:
             return _error(504 if "timed out" in error else 502, error, "upstream_error")
         return web.Response(body=out + tail, status=resp.status, headers=self._client_headers(resp))
@@ -327,10 +332,7 @@ class _Gateway:
         recorded = False
 
         def record(steps: list[Step]) -> None:
-            try:
-                self._record(sid, steps, up)
-            except Exception:  # a failing store costs the Steps, never the client's stream
-                log.exception("gateway: recording the steps of a call failed; the call itself went through")
+            self._record(sid, steps, up)  # never raises: a failing store costs the Steps, never the stream
 
         try:  # asm.feed/finish never raise: a stream capture cannot parse still reaches the client whole
             while True:
@@ -406,6 +408,9 @@ def create_app(config: GatewayConfig, store: Store | None = None) -> web.Applica
 def _not_allowed(method: str, tail: str) -> web.Response | None:
     """None for a call the gateway forwards; else the OpenAI-style 404 (no such route) or 405 (wrong method)."""
     route = tail.strip("/")
+    if any(part in ("", ".", "..") for part in route.split("/")):  # `models/..%2ffiles` must not reach /v1/files
+        return _error(404, f"no route {method} /v1/{route} through the gateway: a path with empty, '.' or '..' "
+                           "segments is never forwarded", "not_found_error")
     is_models = route == "models" or route.startswith("models/")
     if (method == "POST" and route in LLM_POST_ROUTES) or (method == "GET" and is_models):
         return None

@@ -161,12 +161,14 @@ def start_gateway(
         if not is_loopback(f"http://[{host}]" if ":" in host else f"http://{host}"):
             raise ConfigError(f"a gateway on {host} needs a client token (it holds the upstream's key): drop "
                               "auth=False / --no-auth, or bind 127.0.0.1")
-    elif not api_key:
-        api_key = secrets.token_urlsafe(24)
-    config = GatewayConfig(upstreams=ups, api_key=api_key, max_body_bytes=max_body_bytes)
     owns_store = store is None or isinstance(store, str)
     the_store = open_store(store, limits)
+    if auth and not api_key:  # generated; a durable store keeps it, so a restart does not lock clients out
+        api_key = secrets.token_urlsafe(24)
+        if callable(keep := getattr(the_store, "client_token", None)):
+            api_key = keep(api_key)
     try:
+        config = GatewayConfig(upstreams=ups, api_key=api_key, max_body_bytes=max_body_bytes)
         app = create_app(config, the_store)
     except BaseException:
         if owns_store:

@@ -41,6 +41,7 @@ CREATE TABLE IF NOT EXISTS takes (session_id TEXT NOT NULL, take_id TEXT NOT NUL
                                   in_flight INTEGER NOT NULL, data TEXT NOT NULL, PRIMARY KEY (session_id, take_id));
 CREATE INDEX IF NOT EXISTS takes_at ON takes (taken_at);
 CREATE TABLE IF NOT EXISTS counters (name TEXT PRIMARY KEY, value INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 """
 _SWEEP_EVERY_S = 1.0
 """Expiry runs at most this often (a few indexed DELETEs): TTLs are minutes to hours, so a second late is nothing."""
@@ -234,6 +235,15 @@ class SqliteStore:
             self._n_open, self._n_closed = n_open, n_closed
             return StoreStats(open_sessions=n_open, closed_sessions=n_closed, stored_steps=n_steps,
                               kept_takes=n_takes, **counts)
+
+    def client_token(self, new: str) -> str:
+        """The gateway's generated client token, kept in the file: a gateway restarted on it without `--api-key`
+        keeps the token its clients (RemoteGateway, agents mid-run) already hold, so their retries get through.
+        `new` is stored when the file has none yet."""
+        with self._lock:
+            self._db.execute("INSERT OR IGNORE INTO meta (key, value) VALUES ('client_token', ?)", (new,))
+            (token,) = self._db.execute("SELECT value FROM meta WHERE key = 'client_token'").fetchone()
+        return str(token)
 
     def close(self) -> None:
         with self._lock:
