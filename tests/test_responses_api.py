@@ -470,3 +470,18 @@ def test_policy_server_seed_reproduces_a_sampled_response(policy_server: Any) ->
     a, b = (httpx.post(policy_server.base_url + "/responses", json=body, timeout=60).json() for _ in range(2))
     assert a["output_messages"][0]["tokens"] == b["output_messages"][0]["tokens"]
     assert a["top_p"] == 0.9 and a["max_output_tokens"] == 5
+
+
+def test_unrecorded_counts_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    from rllm_core.capture import unrecorded
+
+    monkeypatch.setattr(unrecorded, "_MAX_KEPT", 3)
+    unrecorded.reset_unrecorded()
+    try:
+        for i in range(5):
+            unrecorded.note_unrecorded(f"/v1/messages{i}", "test", host="h", session=f"s{i}")
+        assert len(unrecorded._by_session) == 3 and len(unrecorded._warned) <= 3
+        assert unrecorded.take_unrecorded("s4") == 1 and unrecorded.take_unrecorded("s0") == 0
+        assert sum(unrecorded.unrecorded_counts().values()) == 5  # the totals keep every call
+    finally:
+        unrecorded.reset_unrecorded()

@@ -48,6 +48,9 @@ _lock = threading.Lock()
 _totals: Counter[str] = Counter()
 _by_session: dict[str, Counter[str]] = {}
 _warned: set[tuple[str, str]] = set()
+_MAX_KEPT = 10_000
+"""Sessions counted and (host, path) pairs warned about, at most: a process capturing outside rollouts for days
+(nobody takes those sessions) stays bounded; past it the oldest session's count goes, and warnings start over."""
 
 
 def unrecognized_llm_call(path: str) -> str | None:
@@ -69,7 +72,11 @@ def note_unrecorded(path: str, reason: str, *, host: str = "", session: str | No
     with _lock:
         _totals[key] += 1
         if session is not None:
+            if session not in _by_session and len(_by_session) >= _MAX_KEPT:
+                del _by_session[next(iter(_by_session))]
             _by_session.setdefault(session, Counter())[key] += 1
+        if len(_warned) >= _MAX_KEPT:
+            _warned.clear()
         first = (host, key) not in _warned
         _warned.add((host, key))
     if first:
