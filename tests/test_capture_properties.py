@@ -22,13 +22,18 @@ from test_capture_properties_support import (
     EDITS,
     FAST,
     ODD,
+    STREAMS,
     TEXT,
+    assembler,
     call_for,
     check_client_bytes,
     check_steps,
     cut,
     expected,
+    expected_responses,
+    items_of,
     mutate,
+    mutate_responses,
     parse_sse,
     rendered,
     run,
@@ -45,13 +50,25 @@ from rllm_core.types import Step
 @given(data=st.data(), src=source(), asks=ASKS, edits=EDITS)
 def test_any_framing_chunking_and_nulls(data: st.DataObject, src: Any, asks: tuple[bool, bool], edits: Any):
     endpoint, items, calls = src
-    items = mutate(items, edits)
+    items = (mutate_responses if endpoint == "responses" else mutate)(items, edits)
     raw, _ = data.draw(rendered(items))
-    asm = CallAssembler(call_for(endpoint, *asks), sse=True)
+    asm = assembler(endpoint, asks)
     got, steps = run(asm, data.draw(cut(raw)))
     assert asm._failed is None  # nulls and junk are handled by the parser, not by the safety net
-    check_client_bytes(raw, got, *asks)
-    check_steps(steps, items, None if edits else calls)
+    assert asm.done  # [DONE], or (Responses) response.completed
+    check_client_bytes(raw, got, *asks, endpoint=endpoint)
+    check_steps(steps, items, None if edits else calls, endpoint=endpoint)
+
+
+@pytest.mark.parametrize("name", ["fake_responses_text", "fake_responses_tool_call"])
+def test_a_recorded_responses_stream_is_one_step_of_its_deltas(name: str):
+    items = items_of(STREAMS[name])
+    assert "[DONE]" not in items and items[-1]["type"] == "response.completed"
+    want = expected_responses(items)
+    [step] = run(assembler("responses", (False, False)), [STREAMS[name]])[1]
+    assert step.text == (want["deltas"] if "text" in name else None) and (want["args"] or "text" in name)
+    assert [t["function"]["arguments"] for t in step.tool_calls or []] == ([want["args"]] if want["args"] else [])
+    assert step.trainable and step.error is None and len(step.logprobs or []) == len(want["ids"])
 
 
 class Exploding(CallAssembler):
@@ -84,8 +101,8 @@ class Exploding(CallAssembler):
 
 
 @FAST
-@given(data=st.data(), src=source(), asks=ASKS, hook=st.sampled_from(["absorb", "strip", "step", "steps"]),
-       at=st.integers(1, 12))
+@given(data=st.data(), src=source(responses=False), asks=ASKS,  # (Responses: the transports file's hook test)
+       hook=st.sampled_from(["absorb", "strip", "step", "steps"]), at=st.integers(1, 12))
 def test_a_raising_hook_degrades_to_pass_through(data: st.DataObject, src: Any, asks: tuple[bool, bool],
                                                  hook: str, at: int):
     endpoint, items, _ = src
@@ -139,25 +156,56 @@ CHOICE = st.fixed_dictionaries({}, optional={
 CHUNK = st.fixed_dictionaries({}, optional={"choices": maybe(st.lists(maybe(CHOICE), max_size=3)),
                                             "usage": JSON, "policy_version": JSON, "prompt_token_ids": JSON,
                                             "id": JSON, "model": JSON, "error": JSON})
+LP_ENTRIES = st.lists(maybe(st.fixed_dictionaries({}, optional={"logprob": maybe(st.floats(-5, 0)),
+                                                                 "token": maybe(TEXT)})), max_size=3)
+PART = st.fixed_dictionaries({}, optional={"type": maybe(st.just("output_text")), "text": maybe(TEXT),
+                                           "logprobs": maybe(LP_ENTRIES)})
+ITEM = st.fixed_dictionaries({}, optional={
+    "type": maybe(st.sampled_from(["message", "function_call", "reasoning"])), "content": maybe(st.lists(
+        maybe(PART), max_size=2)), "name": maybe(TEXT), "arguments": maybe(TEXT), "call_id": maybe(TEXT)})
+RAW = st.lists(maybe(st.fixed_dictionaries({}, optional={"type": maybe(st.just("raw_message_tokens")), "tokens":
+                                                          maybe(st.lists(maybe(st.integers(0, 9)), max_size=3)),
+                                                          "logprobs": maybe(st.lists(JSON, max_size=3))})),
+               max_size=2)
+RESPONSE = st.fixed_dictionaries({}, optional={
+    "status": maybe(st.sampled_from(["completed", "incomplete", "failed", "cancelled"])),
+    "output": maybe(st.lists(maybe(ITEM), max_size=2)), "input_messages": maybe(RAW), "output_messages": maybe(RAW),
+    "usage": JSON, "incomplete_details": JSON, "error": JSON, "top_logprobs": JSON, "policy_version": JSON})
+EVENT = st.fixed_dictionaries({}, optional={
+    "type": maybe(st.sampled_from(["response.created", "response.output_item.added", "response.output_item.done",
+                                   "response.output_text.delta", "response.output_text.done", "response.completed",
+                                   "response.function_call_arguments.delta", "response.incomplete",
+                                   "response.function_call_arguments.done", "response.failed", "error"])),
+    "output_index": maybe(st.integers(0, 2)), "delta": maybe(TEXT), "logprobs": maybe(LP_ENTRIES),
+    "arguments": maybe(TEXT), "item": maybe(ITEM), "part": maybe(PART), "response": maybe(RESPONSE),
+    "output": maybe(st.lists(maybe(ITEM), max_size=2)), "message": JSON})
 
 
 @FAST
-@given(data=st.data(), endpoint=st.sampled_from(["chat", "completions"]), asks=ASKS, sse=st.booleans(),
-       chunks=st.lists(maybe(CHUNK), max_size=5))
+@given(data=st.data(), endpoint=st.sampled_from(["chat", "completions", "responses"]), asks=ASKS, sse=st.booleans())
 def test_junk_of_every_shape_is_parsed_without_an_exception(data: st.DataObject, endpoint: str,
-                                                            asks: tuple[bool, bool], sse: bool, chunks: Any):
+                                                            asks: tuple[bool, bool], sse: bool):
+    shape = (EVENT if sse else RESPONSE) if endpoint == "responses" else CHUNK
+    chunks = data.draw(st.lists(maybe(shape), max_size=5))
     chunks = [c if isinstance(c, dict) else json.dumps(c) for c in chunks]  # a str item is rendered as is
     items = [*chunks, "[DONE]"] if sse else chunks[:1]
     raw = data.draw(rendered(items))[0] if sse else (json.dumps(items[0]) if items and isinstance(
         items[0], dict) else (items or ["null"])[0]).encode()
-    asm = CallAssembler(call_for(endpoint, *asks), sse=sse)
+    asm = assembler(endpoint, asks, sse=sse)
     got, steps = run(asm, data.draw(cut(raw)))
     assert asm._failed is None, asm._failed  # handled by the parser itself, not caught by the net
     assert steps and all(isinstance(s, Step) for s in steps)
     if all(asks):
         assert got == raw
     if sse:
-        check_client_bytes(raw, got, *asks)
+        check_client_bytes(raw, got, *asks, endpoint=endpoint)
+
+
+@FAST
+@given(data=st.data(), asks=ASKS, sse=st.booleans())
+def test_responses_junk_of_every_shape_is_parsed_without_an_exception(data: st.DataObject, asks: tuple[bool, bool],
+                                                                      sse: bool):
+    test_junk_of_every_shape_is_parsed_without_an_exception.hypothesis.inner_test(data, "responses", asks, sse)
 
 
 @FAST

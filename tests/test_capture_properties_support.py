@@ -1,8 +1,9 @@
 """The streams and checks the capture property tests share (imported by them; no tests of its own).
 
 Streams recorded from rllm's policy server (`tiny-random`: n=2 interleaved, completions) and the fake upstream
-(n=3, a tool call, completions) in tests/data/streams/, and generated ones (unicode, tool-call fragments without
-`index`), each re-framed per event (LF, CRLF, bare CR, `data:` with/without space, multi-line data, comments,
+(n=3, a tool call, completions; Responses API: text with logprobs, a function call) in tests/data/streams/,
+and generated ones (unicode, tool-call fragments without `index`), each re-framed per event (LF, CRLF, bare CR,
+`data:` with/without space, multi-line data, comments,
 `event:` lines, raw UTF-8), given nulls / missing fields, and cut anywhere (inside UTF-8 characters and CRLF).
 `parse_sse` is an independent, spec-following reader: what a client sees, to compare the assembler against.
 """
@@ -20,6 +21,7 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
 from rllm_core.capture import CallAssembler, prepare_call
+from rllm_core.capture.responses import make_assembler
 from rllm_core.types import Step
 
 STREAMS = {p.stem: p.read_bytes() for p in sorted((Path(__file__).parent / "data" / "streams").glob("*.sse"))}
@@ -79,7 +81,9 @@ def rendered(draw: st.DrawFn, items: list[Any]) -> tuple[bytes, list[int]]:
             text = json.dumps(item, ensure_ascii=draw(st.booleans()), indent=1 if draw(st.booleans()) else None)
         prefix = "data: " if draw(st.booleans()) else "data:"
         lines = [prefix + ln for ln in text.split("\n")]
-        if draw(st.integers(0, 5)) == 0:
+        if isinstance(item, dict) and isinstance(item.get("type"), str) and draw(st.booleans()):
+            lines.insert(0, "event: " + item["type"].replace("\n", " ").replace("\r", " "))  # Responses names
+        elif draw(st.integers(0, 5)) == 0:
             lines.insert(0, "event: message" if draw(st.booleans()) else ": note")
         out += (eol.join(lines) + eol + end).encode()
     return out, starts
@@ -170,6 +174,106 @@ def stripped(events: list[tuple[str | None, Any]], wants_lp: bool, wants_ids: bo
     return events
 
 
+# ---------------------------------------------------------------------------------- the Responses API
+LOGPROBS = "message.output_text.logprobs"
+TERMINAL = ("response.completed", "response.incomplete", "response.failed")
+RNULLS = ["delta", "logprobs", "drop_logprobs", "entry_logprob", "output", "output_messages", "usage", "response"]
+"""Nulls in a Responses stream: in delta events (`delta`, `logprobs`, an entry's `logprob`), in the final
+response (`output`, `output_messages`, `usage`), or a start event's `response` (an unknown kind is skipped)."""
+
+
+def mutate_responses(items: list[Any], edits: list[tuple[int, int, str]]) -> list[Any]:
+    items = copy.deepcopy(items)
+    events = [e for e in items if isinstance(e, dict)]
+    deltas = [e for e in events if str(e.get("type")).endswith(".delta")]
+    final = next(e["response"] for e in reversed(events) if e.get("type") in TERMINAL)
+    for i, j, kind in edits:
+        ev = deltas[i % len(deltas)]
+        if kind in ("delta", "logprobs"):
+            ev[kind] = None
+        elif kind == "drop_logprobs":
+            ev.pop("logprobs", None)
+        elif kind == "entry_logprob" and ev.get("logprobs"):
+            ev["logprobs"][j % len(ev["logprobs"])]["logprob"] = None
+        elif kind in ("output", "output_messages", "usage"):
+            final[kind] = None
+        elif kind == "response":
+            events[0]["response"] = None  # response.created's
+    return items
+
+
+def expected_responses(items: list[Any]) -> dict[str, Any]:
+    """A plain reading of a Responses stream: its final response's output (else the items as they were done)
+    and raw token messages; and the text / argument deltas as they streamed."""
+    events = [e for e in items if isinstance(e, dict)]
+    final = next((e["response"] for e in reversed(events) if e.get("type") in TERMINAL
+                  and isinstance(e.get("response"), dict)), {})
+    output = final.get("output") or [e["item"] for e in events if e.get("type") == "response.output_item.done"]
+    texts = [p["text"] for it in output if it.get("type") == "message" for p in it["content"]
+             if p.get("type") == "output_text"]
+    tools = [(it["name"], it["arguments"]) for it in output if it.get("type") == "function_call"]
+    raw = final.get("output_messages")
+    ids = raw[0]["tokens"] if isinstance(raw, list) else None
+    return {"text": "".join(texts) if texts else (None if tools else ""), "tools": tools, "ids": ids,
+            "lps": raw[0].get("logprobs") if ids else None, "done": bool(final),
+            "deltas": "".join(e["delta"] for e in events if e.get("type") == "response.output_text.delta"
+                              and isinstance(e.get("delta"), str)),
+            "args": "".join(e["delta"] for e in events if e.get("type") ==
+                            "response.function_call_arguments.delta" and isinstance(e.get("delta"), str))}
+
+
+def check_responses_step(steps: list[Step], items: list[Any]) -> None:
+    want = expected_responses(items)
+    [step] = steps  # (d) one Step: a Responses call has one output
+    assert step.endpoint == "responses" and step.choice_index == 0 and step.error is None
+    assert step.text == want["text"]
+    assert [(t["function"]["name"], t["function"]["arguments"]) for t in step.tool_calls or []] == want["tools"]
+    assert step.completion_token_ids == want["ids"]
+    if want["ids"] is not None and want["lps"] is not None and len(want["lps"]) == len(want["ids"]):
+        assert step.logprobs == want["lps"] and step.trainable
+    else:
+        assert step.logprobs is None and not step.trainable
+
+
+def stripped_responses(events: list[tuple[str | None, Any]], wants_lp: bool,
+                       wants_ids: bool) -> list[tuple[str | None, Any]]:
+    """The events with what capture asked for put back as the server says it unasked: a text event's
+    `logprobs` `[]`, an output_text part's `null`, `top_logprobs` `null`; raw token messages `null`."""
+    events = copy.deepcopy(events)
+
+    def part(p: Any) -> None:
+        if isinstance(p, dict) and p.get("type") == "output_text" and "logprobs" in p and not wants_lp:
+            p["logprobs"] = None
+
+    def item(it: Any) -> None:
+        if isinstance(it, dict) and it.get("type") == "message" and isinstance(it.get("content"), list):
+            for p in it["content"]:
+                part(p)
+
+    def response(r: dict[str, Any]) -> None:
+        for key in ("input_messages", "output_messages") if not wants_ids else ():
+            if key in r:
+                r[key] = None
+        if not wants_lp:
+            if "top_logprobs" in r:
+                r["top_logprobs"] = None
+            for it in r["output"] if isinstance(r.get("output"), list) else []:
+                item(it)
+
+    for _, data in events:
+        if not isinstance(data, dict):
+            continue
+        if data.get("type") in ("response.output_text.delta", "response.output_text.done") and "logprobs" in data \
+                and not wants_lp:
+            data["logprobs"] = []
+        for key, fix in (("response", response), ("item", item), ("part", part)):
+            if isinstance(data.get(key), dict):
+                fix(data[key])
+        if "output" in data:
+            response(data)
+    return events
+
+
 # ---------------------------------------------------------------------------------- generated streams
 @st.composite
 def generated(draw: st.DrawFn) -> tuple[str, list[Any], list[list[tuple[str, str]]]]:
@@ -220,7 +324,14 @@ def generated(draw: st.DrawFn) -> tuple[str, list[Any], list[list[tuple[str, str
 
 
 def call_for(endpoint: str, wants_lp: bool, wants_ids: bool) -> Any:
-    body: dict[str, Any] = {"model": "m", "stream": True}
+    if endpoint == "responses":  # asked for in vLLM's Responses fields (what the recorded streams were sent)
+        body: dict[str, Any] = {"model": "fake", "input": "say hi", "stream": True}
+        if wants_lp:
+            body.update(include=[LOGPROBS], top_logprobs=0)
+        if wants_ids:
+            body["enable_response_messages"] = True
+        return prepare_call(json.dumps(body).encode(), endpoint, upstream="u", inject=True)[0]
+    body = {"model": "m", "stream": True}
     body.update(messages=MSGS) if endpoint == "chat" else body.update(prompt="p")
     if wants_lp:
         body["logprobs"] = True
@@ -235,14 +346,22 @@ def run(asm: CallAssembler, pieces: list[bytes]) -> tuple[bytes, list[Step]]:
     return out + tail, steps
 
 
-def check_client_bytes(raw: bytes, got: bytes, wants_lp: bool, wants_ids: bool) -> None:
+def assembler(endpoint: str, asks: tuple[bool, bool], sse: bool = True) -> CallAssembler:
+    return make_assembler(call_for(endpoint, *asks), sse=sse)  # what both transports pick for the endpoint
+
+
+def check_client_bytes(raw: bytes, got: bytes, wants_lp: bool, wants_ids: bool, endpoint: str = "chat") -> None:
     if wants_lp and wants_ids:
         assert got == raw  # (a) nothing stripped: byte for byte
     else:
-        assert parse_sse(got) == stripped(parse_sse(raw), wants_lp, wants_ids)  # (b)
+        strip = stripped_responses if endpoint == "responses" else stripped
+        assert parse_sse(got) == strip(parse_sse(raw), wants_lp, wants_ids)  # (b)
 
 
-def check_steps(steps: list[Step], items: list[Any], calls: list[list[tuple[str, str]]] | None = None) -> None:
+def check_steps(steps: list[Step], items: list[Any], calls: list[list[tuple[str, str]]] | None = None,
+                endpoint: str = "chat") -> None:
+    if endpoint == "responses":
+        return check_responses_step(steps, items)
     want = expected(items)
     assert [s.choice_index for s in steps] == sorted(want)  # (d) exactly one Step per choice
     for step in steps:
@@ -261,14 +380,18 @@ def check_steps(steps: list[Step], items: list[Any], calls: list[list[tuple[str,
             assert [(t["function"]["name"], t["function"]["arguments"]) for t in step.tool_calls or []] == tools
 
 
-def source() -> st.SearchStrategy[tuple[str, list[Any], list[list[tuple[str, str]]] | None]]:
-    recorded = st.sampled_from(sorted(STREAMS)).map(
-        lambda name: ("completions" if "completions" in name else "chat", items_of(STREAMS[name]), None))
+def endpoint_of_stream(name: str) -> str:
+    return "responses" if "responses" in name else "completions" if "completions" in name else "chat"
+
+
+def source(responses: bool = True) -> st.SearchStrategy[tuple[str, list[Any], list[list[tuple[str, str]]] | None]]:
+    names = [n for n in sorted(STREAMS) if responses or endpoint_of_stream(n) != "responses"]
+    recorded = st.sampled_from(names).map(lambda name: (endpoint_of_stream(name), items_of(STREAMS[name]), None))
     return st.one_of(recorded, generated())
 
 
 ASKS = st.tuples(st.booleans(), st.booleans())
-EDITS = st.lists(st.tuples(st.integers(0, 99), st.integers(0, 3), st.sampled_from(NULLS)), max_size=4)
+EDITS = st.lists(st.tuples(st.integers(0, 99), st.integers(0, 3), st.sampled_from(NULLS + RNULLS)), max_size=4)
 
 
 # ---------------------------------------------------------------------------------- an odd stream the issue named

@@ -49,7 +49,7 @@ def _installed() -> None:
 
 def _url_body(endpoint: str, asks: tuple[bool, bool]) -> tuple[str, dict[str, Any]]:
     call = call_for(endpoint, *asks)
-    return "/chat/completions" if endpoint == "chat" else "/completions", call.body
+    return {"chat": "/chat/completions", "completions": "/completions", "responses": "/responses"}[endpoint], call.body
 
 
 @SLOW
@@ -79,8 +79,8 @@ def test_in_process_httpx_and_httpx2(data: st.DataObject, src: Any, asks: tuple[
                 got = b"".join(r.iter_bytes())
         else:
             got = asyncio.run(read_async())
-    check_client_bytes(raw, got, *asks)
-    check_steps(ctx.recorder.steps(), items, calls)
+    check_client_bytes(raw, got, *asks, endpoint=endpoint)
+    check_steps(ctx.recorder.steps(), items, calls, endpoint=endpoint)
 
 
 class _ChunkedUpstream:
@@ -153,8 +153,8 @@ def test_through_the_gateway(chunked_gateway: Any, data: st.DataObject, src: Any
             "POST", gw.session_base_url(sid) + path, json=body, headers={"Authorization": "Bearer k"}) as r:
         assert r.status_code == 200
         got = b"".join(r.iter_bytes())
-    check_client_bytes(raw, got, *asks)
-    check_steps(gw.steps(sid), items, calls)
+    check_client_bytes(raw, got, *asks, endpoint=endpoint)
+    check_steps(gw.steps(sid), items, calls, endpoint=endpoint)
 
 
 

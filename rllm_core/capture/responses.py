@@ -142,7 +142,7 @@ class ResponsesAssembler(CallAssembler):
                 event = json.loads(payload)  # NaN / Infinity, which orjson refuses
             except ValueError:
                 return False
-        return isinstance(event, dict) and event.get("type") in _TERMINAL
+        return isinstance(event, dict) and _kind(event) in _TERMINAL
 
     def _absorb_chunk(self, chunk: dict[str, Any]) -> None:
         kind = chunk.get("type")
@@ -175,7 +175,7 @@ class ResponsesAssembler(CallAssembler):
     # ------------------------------------------------------------------ hooks: stripping
     def _strip(self, obj: dict[str, Any]) -> None:
         """Put back what the server says when not asked: delta logprobs `[]`, the rest `null`, in place."""
-        if not self.call.wants_logprobs and obj.get("type") in _TEXT_EVENTS and "logprobs" in obj:
+        if not self.call.wants_logprobs and _kind(obj) in _TEXT_EVENTS and "logprobs" in obj:
             obj["logprobs"] = []
         if isinstance(obj.get("response"), dict):
             self._strip_response(obj["response"])
@@ -194,12 +194,12 @@ class ResponsesAssembler(CallAssembler):
         if not self.call.wants_logprobs:
             if "top_logprobs" in r:
                 r["top_logprobs"] = None  # vLLM echoes its logprobs setting, null when none were asked
-            for item in r.get("output") or []:
+            for item in _list(r.get("output")):
                 if isinstance(item, dict):
                     self._strip_item(item)
 
     def _strip_item(self, item: dict[str, Any]) -> None:
-        for part in item.get("content") or [] if item.get("type") == "message" else []:
+        for part in _list(item.get("content")) if item.get("type") == "message" else []:
             if isinstance(part, dict):
                 self._strip_part(part)
 
@@ -221,8 +221,9 @@ class ResponsesAssembler(CallAssembler):
             return [error_step(self.call, error or "upstream response had no output", top=self._top_info())]
         try:
             return [self._response_step(error)]
-        except ValueError as exc:  # pydantic's ValidationError: a response we cannot make sense of
-            return [error_step(self.call, f"could not record the response: {exc}", top=self._top_info())]
+        except Exception as exc:
+            return [error_step(self.call, f"could not record the response: {type(exc).__name__}: {exc}",
+                               top=self._top_info())]
 
     def _streamed_output(self) -> list[dict[str, Any]]:
         """The output items rebuilt from stream events (a stream cut before its final response)."""
@@ -239,7 +240,7 @@ class ResponsesAssembler(CallAssembler):
     def _response_step(self, error: str | None) -> Step:
         call, body = self.call, self.call.body
         resp = self._response or {}
-        output = resp.get("output") or self._streamed_output()
+        output = _list(resp.get("output")) or self._streamed_output()
         text: list[str] = []
         entries: list[dict[str, Any]] = []
         missing_lps = False
@@ -251,12 +252,12 @@ class ResponsesAssembler(CallAssembler):
                 continue
             kind = item.get("type")
             if kind == "message":
-                for part in item.get("content") or []:
+                for part in _list(item.get("content")):
                     if isinstance(part, dict) and part.get("type") == "output_text":
                         text.append(str(part.get("text") or ""))
                         lps = part.get("logprobs")
                         missing_lps |= not lps and bool(part.get("text"))
-                        entries.extend(e for e in lps or [] if isinstance(e, dict))
+                        entries.extend(e for e in _list(lps) if isinstance(e, dict))
             elif kind == "function_call":
                 tool_calls.append(_tool_call(item))
             elif kind == "reasoning":
@@ -266,11 +267,17 @@ class ResponsesAssembler(CallAssembler):
         if (missing_lps or not entries) and self._stream_lps:
             entries = self._stream_lps  # a final response without logprobs: the deltas had them
         prompt_ids, ids, raw_lps = _raw_tokens(resp)
-        lps: list[float] | None = [float(e["logprob"]) for e in entries] if entries else None
+        values = [_number(e.get("logprob")) for e in entries]
+        lps: list[float] | None = [v for v in values if v is not None] if entries else None
         lp_tokens = [str(e.get("token", "")) for e in entries] if entries else None
-        if raw_lps is not None and ids is not None and len(raw_lps) == len(ids):
-            lps, lp_tokens = [float(v) for v in raw_lps], None  # rllm's server: one per token, tool calls too
         metadata: dict[str, Any] = {"upstream": call.upstream, "response_id": resp.get("id")}
+        raw = [_number(v) for v in raw_lps] if raw_lps is not None else None
+        if raw is not None and ids is not None and len(raw) == len(ids) and None not in raw:
+            lps, lp_tokens, values = [v for v in raw if v is not None], None, raw  # rllm's server: one per token
+        if lps is not None and len(lps) != len(values):  # never silently: the Step says why it is untrainable
+            metadata["logprobs_incomplete"] = f"{len(values) - len(lps)} logprob(s) missing or not numbers"
+            metadata["server_logprobs_partial"] = values
+            lps = None
         if reasoning:
             metadata["reasoning"] = reasoning
         if other:
@@ -315,8 +322,11 @@ def _raw_tokens(resp: dict[str, Any]) -> tuple[list[int] | None, list[int] | Non
     if inp is None or out is None:
         return None, None, None
     lps = out.get("logprobs")
-    return ([int(t) for t in inp["tokens"]], [int(t) for t in out["tokens"]],
-            lps if isinstance(lps, list) else None)
+    try:
+        return ([int(t) for t in inp["tokens"]], [int(t) for t in out["tokens"]],
+                lps if isinstance(lps, list) else None)
+    except (TypeError, ValueError):  # ids that are not integers: no server ids (retokenized, if a tokenizer is set)
+        return None, None, None
 
 
 def _finish(resp: dict[str, Any], tool_calls: bool, error: str | None) -> tuple[str | None, str | None]:
@@ -324,7 +334,7 @@ def _finish(resp: dict[str, Any], tool_calls: bool, error: str | None) -> tuple[
     if status == "completed":
         return ("tool_calls" if tool_calls else "stop"), error
     if status == "incomplete":
-        reason = (resp.get("incomplete_details") or {}).get("reason")
+        reason = _dict(resp.get("incomplete_details")).get("reason")
         return _INCOMPLETE.get(str(reason), str(reason or "length")), error
     if status == "failed":
         err = resp.get("error") or {}
@@ -345,6 +355,26 @@ def _usage(u: Any) -> dict[str, Any] | None:
     if "output_tokens" in u:
         out.setdefault("completion_tokens", u["output_tokens"])
     return out
+
+
+def _kind(obj: dict[str, Any]) -> str | None:
+    """An event's or item's `type`, when it is a string (junk such as a list must not reach a set lookup)."""
+    kind = obj.get("type")
+    return kind if isinstance(kind, str) else None
+
+
+def _list(v: Any) -> list[Any]:
+    return v if isinstance(v, list) else []
+
+
+def _dict(v: Any) -> dict[str, Any]:
+    return v if isinstance(v, dict) else {}
+
+
+def _number(v: Any) -> float | None:
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v)
 
 
 def _int_or_none(v: Any) -> int | None:
