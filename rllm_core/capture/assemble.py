@@ -342,7 +342,7 @@ class CallAssembler:
 def _int_or_none(v: Any) -> int | None:
     try:
         return None if v is None else int(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
 
 

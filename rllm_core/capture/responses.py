@@ -325,7 +325,7 @@ def _raw_tokens(resp: dict[str, Any]) -> tuple[list[int] | None, list[int] | Non
     try:
         return ([int(t) for t in inp["tokens"]], [int(t) for t in out["tokens"]],
                 lps if isinstance(lps, list) else None)
-    except (TypeError, ValueError):  # ids that are not integers: no server ids (retokenized, if a tokenizer is set)
+    except (TypeError, ValueError, OverflowError):  # ids that are not integers: no server ids (retokenized if it can)
         return None, None, None
 
 
@@ -380,5 +380,5 @@ def _number(v: Any) -> float | None:
 def _int_or_none(v: Any) -> int | None:
     try:
         return None if v is None else int(v)
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
