@@ -85,6 +85,35 @@ def test_nan_loss_stops_and_keeps_the_last_good_checkpoint(tmp_path: Path, upstr
     assert latest_checkpoint(tmp_path / "run" / "checkpoints") == tmp_path / "run" / "checkpoints" / "step_2"
 
 
+def test_a_failed_step_checkpoints_the_last_finished_step_for_resume(tmp_path: Path, upstream: FakeUpstream) -> None:
+    """save_every 10, failure at step 3: steps 1-2 are not lost, a rescue checkpoint holds step 2."""
+    with pytest.raises(TrainingError, match=r"stopped at step 3: .* last good checkpoint is .*step_2"):
+        train(_config(tmp_path, max_steps=5, save_every=10, eval_examples=0),
+              backend=RecordingBackend(upstream.base_url, fail_at_step=3), benchmark=YesNoBenchmark(),
+              progress=False)
+    ckpt = latest_checkpoint(tmp_path / "run" / "checkpoints")
+    assert ckpt == tmp_path / "run" / "checkpoints" / "step_2"
+    resumed = RecordingBackend(upstream.base_url)
+    result = train(_config(tmp_path, max_steps=4, save_every=10, eval_examples=0), backend=resumed,
+                   benchmark=YesNoBenchmark(), resume=True, progress=False)
+    assert resumed.steps_done == 4 and result.steps_done == 4
+
+
+class _FailingSync(RecordingBackend):
+    def sync_weights(self) -> int:
+        if self.steps_done == 2:
+            raise TrainingError("the engines did not take the weights")
+        return super().sync_weights()
+
+
+def test_a_failed_sync_after_an_update_writes_no_rescue_checkpoint(tmp_path: Path, upstream: FakeUpstream) -> None:
+    """The update of step 2 moved the weights but the step never finished: saving them as step 1 would lie."""
+    with pytest.raises(TrainingError, match="no checkpoint was written yet"):
+        train(_config(tmp_path, max_steps=5, save_every=10, eval_examples=0),
+              backend=_FailingSync(upstream.base_url), benchmark=YesNoBenchmark(), progress=False)
+    assert latest_checkpoint(tmp_path / "run" / "checkpoints") is None
+
+
 def test_step_without_trainable_calls_is_skipped_with_reason(tmp_path: Path, upstream: FakeUpstream) -> None:
     @rollout
     def no_llm(task: object, config: object) -> str:

@@ -90,6 +90,9 @@ def test_display_lines() -> None:
                          "train/grad_norm": 0.8, "time/step_s": 12.0, "time/rollout_s": 5.0, "time/train_s": 6.5}
     assert step_line(3, m) == ("step    3  reward 0.250  acc 0.25  len 10  kl +0.0012  clip 0.100  ent 1.50  "
                                "gnorm 0.80  12.0s (rollout 5.0 train 6.5)")
+    unmeasured = {k: v for k, v in m.items() if k not in ("train/entropy", "train/grad_norm")}  # e.g. Tinker's
+    assert step_line(3, unmeasured) == ("step    3  reward 0.250  acc 0.25  len 10  kl +0.0012  clip 0.100  "
+                                        "12.0s (rollout 5.0 train 6.5)")
     assert "skipped[/yellow]: no rows" in step_line(4, {"skipped": "no rows"})
     ev = {"val/reward/accuracy": 0.5, "val/reward/mean": 0.5, "val_greedy/reward/accuracy": 0.75,
           "val/episode/count": 8.0, "time/eval_s": 4.0}

@@ -19,10 +19,13 @@ def step_line(step: int, m: dict[str, Any]) -> str:
     if "skipped" in m:
         return f"step {step:>4}  [yellow]skipped[/yellow]: {m['skipped']}"
     phases = " ".join(f"{p} {m[f'time/{p}_s']:.1f}" for p in ("rollout", "train") if f"time/{p}_s" in m)
+    # entropy and grad norm only where the backend measures them (Tinker's service reports neither): a 0.00
+    # for a figure nobody computed reads as a dead update
+    measured = (("ent", "train/entropy"), ("gnorm", "train/grad_norm"))
+    update = "".join(f"{label} {m[key]:.2f}  " for label, key in measured if key in m)
     return (f"step {step:>4}  reward {m.get('reward/mean', 0):.3f}  acc {m.get('reward/accuracy', 0):.2f}  "
             f"len {m.get('episode/response_tokens_mean', 0):.0f}  kl {m.get('train/approx_kl', 0):+.4f}  "
-            f"clip {m.get('train/clip_frac', 0):.3f}  ent {m.get('train/entropy', 0):.2f}  "
-            f"gnorm {m.get('train/grad_norm', 0):.2f}  {m.get('time/step_s', 0):.1f}s ({phases})")
+            f"clip {m.get('train/clip_frac', 0):.3f}  {update}{m.get('time/step_s', 0):.1f}s ({phases})")
 
 
 def eval_line(step: int, m: dict[str, Any]) -> str:

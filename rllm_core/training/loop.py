@@ -79,12 +79,15 @@ class _Stages:
     run: RunDir
     train_tasks: Sequence[Task]
     val_tasks: list[Task]
+    updated_unsaved: bool = False
+    """True between a step's update and its metrics being logged (a failure then leaves no clean state)."""
 
     async def train_step(self, step: int, display: TrainDisplay) -> dict[str, Any]:
         """sample → rollouts → rewards → groups → filter → advantages → pack → train → sync; metrics logged."""
         config, backend = self.config, self.backend
         timer = PhaseTimer()
         metrics: dict[str, Any] = {}
+        self.updated_unsaved = False
         with timer("step"):
             display.phase(f"step {step}: rollouts")
             with timer("rollout"):
@@ -107,6 +110,7 @@ class _Stages:
                     update = backend.train_step(rows)  # a remote backend returns at once: overlap our I/O
                     self._save_episodes(step, episodes)
                     metrics.update(await resolve_metrics(update))
+                    self.updated_unsaved = True  # the weights moved: until this step is logged, no rescue save
                 display.phase(f"step {step}: sync weights")
                 with timer("sync"):
                     metrics["policy_version"] = backend.sync_weights()
@@ -115,6 +119,7 @@ class _Stages:
         if config.rollout_workers:
             metrics.update({f"ray/{k}": float(v) for k, v in self.rollouts.ray_stats.items()})
         self.run.log("train", step, metrics)
+        self.updated_unsaved = False
         return metrics
 
     def _save_episodes(self, step: int, episodes: list[Episode]) -> None:
@@ -228,6 +233,8 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
         console.print(f"[dim]{config.benchmark}'s recommended settings: {shown} (a flag overrides them)[/dim]",
                       soft_wrap=True, highlight=False)
     rollout = rollout or resolve_rollout(config, benchmark)
+    backend = backend or create_backend(config.backend, config)  # a missing SDK or API key fails before any data
+    check_capabilities(config, backend.capabilities(), backend.name)  # before anything loads or is written
     train_tasks = benchmark.load(config.train_split, data_dir=config.data_dir,
                                  max_examples=config.max_train_examples, seed=config.seed)
     val_tasks = benchmark.load(config.val_split, data_dir=config.data_dir, max_examples=config.eval_examples,
@@ -238,11 +245,10 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
                           f"{run.path}`, or pass another --output (or delete the directory)")
     if resume:
         _check_resume_config(run, config)  # before config.yaml is rewritten: a refused resume must not change it
-    backend = backend or create_backend(config.backend, config)
-    check_capabilities(config, backend.capabilities(), backend.name)  # before anything loads or is written
     run.create()
     config.dump_yaml(run.config_file)
     result = TrainResult(run_dir=run.path, steps_done=0, last_checkpoint=None)
+    stages: _Stages | None = None
     stage = RolloutStage(config, rollout, benchmark, backend)
     stack = contextlib.ExitStack()
     try:
@@ -278,6 +284,8 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
                 result.evals.append(await stages.validate(result.steps_done, display))
     except TrainingError as exc:
         run.log("error", result.steps_done + 1, {"error": str(exc)})  # so a monitor can say why the run stopped
+        if stages is not None and not stages.updated_unsaved:
+            _rescue_checkpoint(run, backend, config, result)
         where = result.last_checkpoint or latest_checkpoint(run.checkpoints_dir)
         keep = f"the last good checkpoint is {where}" if where else "no checkpoint was written yet"
         raise TrainingError(f"training stopped at step {result.steps_done + 1}: {exc}. {keep}; resume with "
@@ -286,6 +294,23 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
         backend.shutdown()  # before the stage: a backend's actors live on the Ray the stage may own
         stack.close()
     return result
+
+
+def _rescue_checkpoint(run: RunDir, backend: Backend, config: TrainConfig, result: TrainResult) -> None:
+    """After a failed step (weights untouched, as the seam promises), checkpoint the last completed step if it
+    has none yet, so `--resume` loses no finished step. A backend that cannot save now (its service is down)
+    leaves the older checkpoint in place."""
+    if result.steps_done == 0 or not result.history:
+        return
+    saved = result.last_checkpoint or latest_checkpoint(run.checkpoints_dir)
+    if saved is not None and int(read_state(saved)["step"]) >= result.steps_done:
+        return
+    try:
+        result.last_checkpoint = save_checkpoint(run.checkpoints_dir, result.steps_done, backend,
+                                                 _checkpoint_state(config, result.history[-1]),
+                                                 keep=config.keep_checkpoints)
+    except Exception as exc:  # a rescue must never hide the error that stopped the run
+        log.warning("could not checkpoint step %d after the failure: %s", result.steps_done, exc)
 
 
 SPLIT_WARN_RATE = 0.05
