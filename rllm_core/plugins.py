@@ -64,6 +64,9 @@ class BackendSpec:
     factory: Callable[..., Any]
     description: str = ""
     requires: str | None = None
+    eval_endpoint: Callable[[str], Any] | None = None
+    """Optional: `eval_endpoint(model)` → a context manager yielding an `rllm_core.eval.Endpoint` that serves
+    `model` (a base model name or a run directory of this backend), for `rllm eval --backend NAME`."""
 
 
 @dataclass

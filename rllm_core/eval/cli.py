@@ -19,6 +19,9 @@ def eval_command(
     base_url: str | None = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint ending in /v1."),
     model: str | None = typer.Option(None, "--model", help="Model name at the endpoint (or a built-in embedded one)."),
     api_key_env: str | None = typer.Option(None, "--api-key-env", help="Environment variable holding the API key."),
+    backend: str | None = typer.Option(
+        None, "--backend", help="Sample through a training backend (e.g. tinker; --model: base model or run dir).",
+    ),
     attempts: int = typer.Option(1, "--attempts", "-k", help="Attempts per task (pass@k)."),
     concurrency: int = typer.Option(16, "--concurrency", "-c", help="Episodes in flight at once."),
     agent: str | None = typer.Option(None, "--agent", help="Your @rllm.rollout as 'package.module:function'."),
@@ -54,7 +57,8 @@ def eval_command(
 
     try:
         opts = EvalOptions(benchmark=benchmark, split=split, max_examples=max_examples, base_url=base_url,
-                           model=model, api_key=api_key, attempts=attempts, concurrency=concurrency, agent=agent,
+                           model=model, api_key=api_key, backend=backend, attempts=attempts, concurrency=concurrency,
+                           agent=agent,
                            workflow=workflow, output=output, data_dir=data_dir, max_tokens=max_tokens,
                            temperature=temperature, timeout_s=timeout, seed=seed, progress=not no_progress,
                            rollout_workers=rollout_workers, ray_address=ray_address)

@@ -26,13 +26,19 @@ class Endpoint:
     base_url: str
     model: str
     api_key: str | None
-    source: Literal["flag", "config", "embedded"]
+    source: Literal["flag", "config", "embedded", "backend"]
 
 
 @contextmanager
 def open_endpoint(base_url: str | None, model: str | None, api_key: str | None = None,
-                  check: bool = True) -> Iterator[Endpoint]:
+                  check: bool = True, backend: str | None = None) -> Iterator[Endpoint]:
     """Yield a reachable endpoint; an embedded server started here is stopped on exit."""
+    if backend:
+        if base_url:
+            raise ConfigError(f"--backend {backend} serves the model itself: drop --base-url")
+        with _from_backend(backend, model) as ep:
+            yield ep
+        return
     if base_url:
         ep = Endpoint(base_url, model or "", api_key, "flag")
     else:
@@ -53,6 +59,24 @@ def open_endpoint(base_url: str | None, model: str | None, api_key: str | None =
         log.warning("model %r is not among the models %s lists (%s); pass --model with one of them if "
                     "every episode fails", ep.model, ep.base_url, ", ".join(served[:10]))
     yield ep
+
+
+@contextmanager
+def _from_backend(name: str, model: str | None) -> Iterator[Endpoint]:
+    from rllm_core.plugins import get_plugin_manager
+
+    specs = get_plugin_manager().backends()
+    if name not in specs:
+        raise ConfigError(f"unknown backend {name!r}; installed backends: {', '.join(sorted(specs)) or 'none'}")
+    serve = specs[name].eval_endpoint
+    if serve is None:
+        able = sorted(n for n, s in specs.items() if s.eval_endpoint is not None)
+        raise ConfigError(f"the {name!r} backend does not serve models for eval (backends that do: "
+                          f"{', '.join(able) or 'none'}); evaluate its run with --base-url or --model instead")
+    if not model:
+        raise ConfigError(f"--backend {name} needs --model: a base model name or a run directory it trained")
+    with serve(model) as ep:
+        yield ep
 
 
 @contextmanager

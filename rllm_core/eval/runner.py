@@ -44,6 +44,8 @@ class EvalOptions(BaseModel):
     base_url: str | None = None
     model: str | None = None
     api_key: str | None = None
+    backend: str | None = None
+    """Sample through a training backend's own serving (e.g. 'tinker': --model is a base model or a run dir)."""
     attempts: int = 1
     concurrency: int = 16
     agent: str | None = None
@@ -121,7 +123,7 @@ def run_eval(opts: EvalOptions) -> EvalResult:
     rollout = _rollout(opts, bench.default_rollout())
     temperature = opts.temperature if opts.temperature is not None else (0.0 if opts.attempts == 1 else 1.0)
     sampling: dict[str, Any] = {"temperature": temperature, "max_tokens": opts.max_tokens}
-    with open_endpoint(opts.base_url, opts.model, opts.api_key) as endpoint:
+    with open_endpoint(opts.base_url, opts.model, opts.api_key, backend=opts.backend) as endpoint:
         out = _output_dir(opts)
         episodes_path, summary_path = out / "episodes.jsonl", out / "summary.json"
         episodes_path.write_text("")
