@@ -1,0 +1,524 @@
+"""An in-process double of the Tinker SDK 0.38 clients, so the train loop and the sampling adapter run offline.
+
+`ServiceDouble`, `TrainingClientDouble` and `SamplingClientDouble` have the public methods of `tinker.ServiceClient`,
+`tinker.TrainingClient` and `tinker.SamplingClient` that rllm uses, with the SDK's exact parameter names, kinds and
+defaults (a test compares `inspect.signature` with the installed SDK), and they return the SDK's own types and future
+shapes: `forward_backward(...)` → an `APIFuture` (`.result()`, or `await` it); the deprecated
+`forward_backward_async(...)` is a coroutine returning that future (``await (await tc.forward_backward_async(...))``);
+client-creating methods return an `APIFuture` of the client (also usable, deprecated, as the client, like the SDK's
+`Backcompat*ClientFuture`). Server-side failures surface from the future, as in the SDK; argument errors the SDK
+checks locally are raised at the call.
+
+The service behind them is a tiny torch model (`double_model.py`: it trains all weights, not LoRA: the double
+checks the protocol, not LoRA numerics). Checkpoints live under `root` as ``tinker://<run>/weights/<name>`` and
+``tinker://<run>/sampler_weights/<name>``, so a new ServiceDouble (another process too) reads them back.
+`faults` makes the next calls of a method fail with a transient error the SDK's retry logic would retry; `log`
+records every response the service returned.
+
+Wire it in with ``RLLM_TINKER_SERVICE=rllm_backends.tinker.double:service_double_from_env``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import tempfile
+import uuid
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, Literal, TypeVar
+
+import tinker
+import torch
+from tinker import types
+from tinker.lib.public_interfaces.api_future import APIFuture
+from tinker.lib.public_interfaces.custom_loss import LossHandle, run_loss_handle
+from typing_extensions import deprecated
+
+from rllm_backends.tinker.double_model import (
+    ASYNC_DEPRECATION,
+    BUILTIN_LOSSES,
+    FAULT_KINDS,
+    Faults,
+    LogEntry,
+    SamplingClientDouble,
+    TinyPolicy,
+    bad_request,
+    base_policy,
+    builtin_loss,
+    client_future,
+    http_error,
+    run_op,
+)
+
+__all__ = [
+    "DOUBLE_DIR_ENV",
+    "DOUBLE_MODELS_ENV",
+    "FAULT_KINDS",
+    "Faults",
+    "LogEntry",
+    "RestClientDouble",
+    "SamplingClientDouble",
+    "ServiceDouble",
+    "TrainingClientDouble",
+    "service_double_from_env",
+]
+
+DOUBLE_DIR_ENV = "RLLM_TINKER_DOUBLE_DIR"
+DOUBLE_MODELS_ENV = "RLLM_TINKER_DOUBLE_MODELS"
+
+C = TypeVar("C")
+_ASYNC_DEPRECATION = ASYNC_DEPRECATION
+
+
+class RestClientDouble:
+    """`tinker.RestClient`'s `get_server_capabilities` (an APIFuture), answered by the double's service."""
+
+    def __init__(self, service: ServiceDouble) -> None:
+        self._service = service
+
+    def get_server_capabilities(self) -> APIFuture[types.GetServerCapabilitiesResponse]:
+        return run_op(self._service, "get_server_capabilities", {}, self._service._capabilities)
+
+
+class ServiceDouble:
+    """`tinker.ServiceClient` over a local tiny model (see the module docstring).
+
+    `base_models`: the names it accepts (any name; each is served by `model_name_map[name]`, default
+    ``tiny-random``). `max_lora_rank`: the largest rank accepted (ranks must also be powers of two).
+    `faults`: ``{method: n}`` or ``{method: (n, kind)}``, kind in FAULT_KINDS; more with `self.faults.add(...)`.
+    """
+
+    def __init__(self, root: Path | str, base_models: tuple[str, ...] | list[str] = ("tiny-random",),
+                 max_lora_rank: int = 128, model_name_map: Mapping[str, str] | None = None,
+                 faults: Mapping[str, int | tuple[int, str]] | None = None) -> None:
+        if not base_models:
+            raise ValueError("base_models is empty; give at least one model name the double should serve")
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.base_models = tuple(base_models)
+        self.max_lora_rank = int(max_lora_rank)
+        self.model_name_map = {m: "tiny-random" for m in self.base_models} | dict(model_name_map or {})
+        self.faults = Faults(faults)
+        self.log: list[LogEntry] = []
+        self.session_id = f"double-{uuid.uuid4().hex[:12]}"
+        self.rng = random.Random()
+        self._sequence_counter = 0
+
+    # -- internals shared with the clients ------------------------------------------------------------------------
+    def _next_sequence_id(self) -> str:
+        self._sequence_counter += 1
+        return f"{self.session_id}:seq:{self._sequence_counter}"
+
+    def _check_model(self, base_model: str) -> None:
+        if base_model not in self.base_models:
+            raise http_error(tinker.BadRequestError, 400, f"base model {base_model!r} is not supported; supported "
+                             f"models: {', '.join(self.base_models)}")
+
+    def _policy(self, base_model: str) -> TinyPolicy:
+        return base_policy(self.model_name_map.get(base_model, "tiny-random"))
+
+    def _ckpt_dir(self, path: str, *, kinds: tuple[str, ...] = ("weights", "sampler_weights")) -> Path:
+        """The folder of checkpoint `path` (tinker://run/<kind>/name); NotFoundError naming what exists."""
+        try:
+            parsed = types.ParsedCheckpointTinkerPath.from_tinker_path(path)
+        except ValueError:
+            raise http_error(tinker.BadRequestError, 400, f"invalid checkpoint path {path!r}: expected "
+                             "tinker://<run-id>/weights/<name> or tinker://<run-id>/sampler_weights/<name>") from None
+        kind = parsed.checkpoint_id.split("/", 1)[0]
+        if kind not in kinds:
+            raise http_error(tinker.BadRequestError, 400, f"{path!r} is a {kind} checkpoint; this call needs "
+                             f"one of: {', '.join(kinds)}")
+        folder = self.root / parsed.training_run_id / parsed.checkpoint_id
+        if not (folder / "model.pt").exists():
+            raise http_error(tinker.NotFoundError, 404, f"checkpoint {path!r} not found under {self.root}")
+        return folder
+
+    def _training_from_state(self, path: str, base_model: str | None, with_optimizer: bool) -> TrainingClientDouble:
+        folder = self._ckpt_dir(path, kinds=("weights",))
+        meta = TrainingClientDouble.read_meta(folder)
+        model = base_model or meta["base_model"]
+        self._check_model(model)
+        client = TrainingClientDouble(self, model, int(meta["lora_rank"]), self._policy(model))
+        client.restore(folder, with_optimizer=with_optimizer)
+        return client
+
+    def _sampling(self, model_path: str | None, base_model: str | None) -> SamplingClientDouble:
+        if model_path is not None:
+            folder = self._ckpt_dir(model_path)
+            meta = TrainingClientDouble.read_meta(folder)
+            policy = self._policy(meta["base_model"])
+            policy.load_state_dict(TrainingClientDouble.read_weights(folder))
+            return SamplingClientDouble(self, meta["base_model"], lambda p=policy.frozen_copy(): p, model_path)
+        assert base_model is not None
+        self._check_model(base_model)
+        frozen = self._policy(base_model).frozen_copy()
+        return SamplingClientDouble(self, base_model, lambda: frozen, None)
+
+    def _create_lora(self, base_model: str, rank: int) -> TrainingClientDouble:
+        self._check_model(base_model)
+        if rank < 1 or rank & (rank - 1) or rank > self.max_lora_rank:
+            raise http_error(tinker.BadRequestError, 400, f"LoRA rank {rank} is not supported: give a power of two "
+                             f"from 1 to {self.max_lora_rank}")
+        return TrainingClientDouble(self, base_model, rank, self._policy(base_model))
+
+    # -- the ServiceClient surface --------------------------------------------------------------------------------
+    @deprecated("DEPRECATED in the SDK: use tinker.RestClient().get_server_capabilities()", category=FutureWarning)
+    def get_server_capabilities(self) -> types.GetServerCapabilitiesResponse:
+        """The supported models (all trainable and sampleable; context length of the tiny model)."""
+        return run_op(self, "get_server_capabilities", {}, self._capabilities).result()
+
+    @deprecated("DEPRECATED in the SDK: use await tinker.RestClient().get_server_capabilities()",
+                category=FutureWarning)
+    async def get_server_capabilities_async(self) -> types.GetServerCapabilitiesResponse:
+        return await run_op(self, "get_server_capabilities", {}, self._capabilities)
+
+    def create_rest_client(self) -> RestClientDouble:
+        """The SDK's non-deprecated way to ask for capabilities: `create_rest_client().get_server_capabilities()`."""
+        return RestClientDouble(self)
+
+    def _capabilities(self) -> types.GetServerCapabilitiesResponse:
+        return types.GetServerCapabilitiesResponse(supported_models=[
+            types.SupportedModel(model_name=m, max_context_length=self._policy_context(m), trainable=True,
+                                 sampleable=True) for m in self.base_models])
+
+    def _policy_context(self, base_model: str) -> int:
+        from rllm_backends.tinker.double_model import _load
+
+        return int(_load(self.model_name_map.get(base_model, "tiny-random")).context_length)
+
+    def create_lora_training_client(self, base_model: str, rank: int = 32, seed: int | None = None,
+                                    train_mlp: bool = True, train_attn: bool = True, train_unembed: bool = True,
+                                    user_metadata: dict[str, str] | None = None,
+                                    optimizer: types.OptimizerConfig | None = None) -> APIFuture[TrainingClientDouble]:
+        """A training client on `base_model`; a future of it (BadRequestError in it for a bad model or rank)."""
+        assert any([train_mlp, train_attn, train_unembed]), (
+            "At least one of train_mlp, train_attn, or train_unembed must be True")
+        if optimizer is not None and getattr(optimizer, "type", "adamw") != "adamw":
+            raise ValueError(f"the Tinker double implements only the adamw optimizer, not {optimizer.type!r}")
+        return client_future(run_op(self, "create_lora_training_client", {"base_model": base_model, "rank": rank},
+                                    lambda: self._create_lora(base_model, rank)))
+
+    @deprecated(_ASYNC_DEPRECATION, category=FutureWarning)
+    async def create_lora_training_client_async(
+            self, base_model: str, rank: int = 32, seed: int | None = None, train_mlp: bool = True,
+            train_attn: bool = True, train_unembed: bool = True, user_metadata: dict[str, str] | None = None,
+            optimizer: types.OptimizerConfig | None = None) -> TrainingClientDouble:
+        return await self.create_lora_training_client(base_model, rank, seed, train_mlp, train_attn, train_unembed,
+                                                      user_metadata, optimizer)
+
+    def create_training_client_from_state(self, path: str, base_model: str | None = None,
+                                          user_metadata: dict[str, str] | None = None,
+                                          weights_access_token: str | None = None,
+                                          optimizer: types.OptimizerConfig | None = None,
+                                          ) -> APIFuture[TrainingClientDouble]:
+        """A training client with the weights of `path` (a save_state checkpoint) and a fresh optimizer."""
+        return client_future(run_op(self, "create_training_client_from_state", {"path": path},
+                                    lambda: self._training_from_state(path, base_model, with_optimizer=False)))
+
+    @deprecated(_ASYNC_DEPRECATION, category=FutureWarning)
+    async def create_training_client_from_state_async(
+            self, path: str, base_model: str | None = None, user_metadata: dict[str, str] | None = None,
+            weights_access_token: str | None = None,
+            optimizer: types.OptimizerConfig | None = None) -> TrainingClientDouble:
+        return await self.create_training_client_from_state(path, base_model, user_metadata, weights_access_token,
+                                                            optimizer)
+
+    def create_training_client_from_state_with_optimizer(self, path: str, base_model: str | None = None,
+                                                         user_metadata: dict[str, str] | None = None,
+                                                         weights_access_token: str | None = None,
+                                                         ) -> APIFuture[TrainingClientDouble]:
+        """A training client with the weights and the AdamW state of `path`."""
+        return client_future(run_op(self, "create_training_client_from_state_with_optimizer", {"path": path},
+                                    lambda: self._training_from_state(path, base_model, with_optimizer=True)))
+
+    @deprecated(_ASYNC_DEPRECATION, category=FutureWarning)
+    async def create_training_client_from_state_with_optimizer_async(
+            self, path: str, base_model: str | None = None, user_metadata: dict[str, str] | None = None,
+            weights_access_token: str | None = None) -> TrainingClientDouble:
+        return await self.create_training_client_from_state_with_optimizer(path, base_model, user_metadata,
+                                                                           weights_access_token)
+
+    def create_sampling_client(self, model_path: str | None = None, base_model: str | None = None,
+                               retry_config: Any | None = None,
+                               record_stability_info: bool = False) -> APIFuture[SamplingClientDouble]:
+        """A sampling client on saved weights (`model_path`) or on the untrained `base_model`."""
+        if model_path is None and base_model is None:
+            raise ValueError("Either model_path or base_model must be provided")
+        return client_future(run_op(self, "create_sampling_client",
+                                    {"model_path": model_path, "base_model": base_model},
+                                    lambda: self._sampling(model_path, base_model)))
+
+    @deprecated(_ASYNC_DEPRECATION, category=FutureWarning)
+    async def create_sampling_client_async(self, model_path: str | None = None, base_model: str | None = None,
+                                           retry_config: Any | None = None,
+                                           record_stability_info: bool = False) -> SamplingClientDouble:
+        return await self.create_sampling_client(model_path, base_model, retry_config, record_stability_info)
+
+
+class TrainingClientDouble:
+    """`tinker.TrainingClient`: gradients accumulate over forward_backward calls until optim_step (AdamW)."""
+
+    def __init__(self, service: ServiceDouble, base_model: str, rank: int, policy: TinyPolicy) -> None:
+        self._service = service
+        self._base_model = base_model
+        self._rank = rank
+        self.policy = policy
+        self.model_id = f"run-{uuid.uuid4().hex[:12]}"
+        self.optimizer = torch.optim.AdamW(policy.model.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-12,
+                                           weight_decay=0.0)
+        self._inflight: list[TinyPolicy] = []
+        self._info = types.GetInfoResponse(type="get_info", model_id=self.model_id, is_lora=True, lora_rank=rank,
+                                           model_name=base_model,
+                                           model_data=types.ModelData(arch="llama", model_name=base_model))
+
+    # -- forward / backward ---------------------------------------------------------------------------------------
+    def _datum_logprobs(self, datum: types.Datum) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        inputs = {k: v.to_torch() for k, v in datum.loss_fn_inputs.items()}
+        if "target_tokens" not in inputs:
+            raise http_error(tinker.BadRequestError, 400, "loss_fn_inputs needs 'target_tokens' "
+                             f"(given: {sorted(inputs)})")
+        with bad_request():
+            return self.policy.target_logprobs(datum.model_input.to_ints(), inputs["target_tokens"]), inputs
+
+    def _fwd(self, data: list[types.Datum], loss_fn: str, config: Mapping[str, float | str] | None,
+             backward: bool) -> types.ForwardBackwardOutput:
+        if loss_fn not in BUILTIN_LOSSES:
+            raise http_error(tinker.BadRequestError, 400, f"loss_fn {loss_fn!r} is not implemented by the Tinker "
+                             f"double; built-in losses it computes: {', '.join(BUILTIN_LOSSES)}")
+        outputs, total = [], 0.0
+        with torch.set_grad_enabled(backward):
+            for datum in data:
+                lp, inputs = self._datum_logprobs(datum)
+                with bad_request():
+                    loss = builtin_loss(loss_fn, lp, inputs, config)
+                if backward:
+                    loss.backward()
+                total += float(loss.detach())
+                outputs.append({"logprobs": types.TensorData.from_torch(lp.detach())})
+        return types.ForwardBackwardOutput(loss_fn_output_type="ArrayRecord", loss_fn_outputs=outputs,
+                                           metrics={"loss:sum": total})
+
+    def forward(self, data: list[types.Datum], loss_fn: types.LossFnType,
+                loss_fn_config: Mapping[str, float | str] | None = None) -> APIFuture[types.ForwardBackwardOutput]:
+        """The loss and target logprobs, without gradients."""
+        if not data:
+            raise ValueError("No data provided")
+        return run_op(self._service, "forward", {"n": len(data), "loss_fn": loss_fn},
+                      lambda: self._fwd(data, loss_fn, loss_fn_config, backward=False))
+
+    @deprecated(_ASYNC_DEPRECATION, category=FutureWarning)
+    async def forward_async(self, data: list[types.Datum], loss_fn: types.LossFnType,
+                            loss_fn_config: Mapping[str, float | str] | None = None,
+                            ) -> APIFuture[types.ForwardBackwardOutput]:
+        return self.forward(data, loss_fn, loss_fn_config)
+
+    def forward_backward(self, data: list[types.Datum], loss_fn: types.LossFnType,
+                         loss_fn_config: Mapping[str, float | str] | None = None,
+                         ) -> APIFuture[types.ForwardBackwardOutput]:
+        """Built-in loss (token SUM, `loss:sum`), its gradient added to what earlier calls accumulated."""
+        if not data:
+            raise ValueError("No data provided")
+        return run_op(self._service, "forward_backward", {"n": len(data), "loss_fn": loss_fn,
+                                                          "loss_fn_config": dict(loss_fn_config or {})},
+                      lambda: self._fwd(data, loss_fn, loss_fn_config, backward=True))
+
+    @deprecated(_ASYNC_DEPRECATION, category=FutureWarning)
+    async def forward_backward_async(self, data: list[types.Datum], loss_fn: types.LossFnType,
+                                     loss_fn_config: Mapping[str, float | str] | None = None,
+                                     ) -> APIFuture[types.ForwardBackwardOutput]:
+        return self.forward_backward(data, loss_fn, loss_fn_config)
+
+    def forward_backward_custom(self, data: list[types.Datum], loss_fn: Callable[..., Any] | LossHandle, *,
+                                loss_type_input: Literal["logprobs"] | None = None,
+                                ) -> APIFuture[types.ForwardBackwardOutput]:
+        """`loss_fn(data, logprobs_list) -> (loss, metrics)` on leaf logprob tensors (shape of target_tokens),
+        back-propagated into the model; metrics: yours, `loss:sum` (your loss) and `surrogate_loss:sum`."""
+        if not data:
+            raise ValueError("No data provided")
+        if loss_type_input not in (None, "logprobs"):
+            raise ValueError(f"Unsupported loss_type_input={loss_type_input!r}. Supported values are: logprobs")
+        return run_op(self._service, "forward_backward_custom", {"n": len(data)},
+                      lambda: self._custom(data, loss_fn))
+
+    def _custom(self, data: list[types.Datum], loss_fn: Callable[..., Any] | LossHandle) -> types.ForwardBackwardOutput:
+        lps = [self._datum_logprobs(d)[0] for d in data]
+        leaves = [lp.detach().clone().requires_grad_(True) for lp in lps]
+        loss, metrics = run_loss_handle(loss_fn, data, leaves) if isinstance(loss_fn, LossHandle) \
+            else loss_fn(data, leaves)
+        loss.backward()
+        if any(leaf.grad is None for leaf in leaves):
+            raise ValueError("No gradient computed for logprob tensor")
+        grads = [leaf.grad for leaf in leaves]
+        torch.autograd.backward(lps, grads)
+        out_metrics = {k: float(v) for k, v in dict(metrics).items()}
+        out_metrics["loss:sum"] = float(loss.detach().sum())
+        surrogate = sum(float((lp.detach() * g).sum()) for lp, g in zip(lps, grads, strict=True))
+        out_metrics["surrogate_loss:sum"] = surrogate
+        return types.ForwardBackwardOutput(
+            loss_fn_output_type="ArrayRecord", metrics=out_metrics,
+            loss_fn_outputs=[{"logprobs": types.TensorData.from_torch(lp.detach())} for lp in lps])
+
+    @deprecated(_ASYNC_DEPRECATION, category=FutureWarning)
+    async def forward_backward_custom_async(self, data: list[types.Datum], loss_fn: Callable[..., Any] | LossHandle,
+                                            *, loss_type_input: Literal["logprobs"] | None = None,
+                                            ) -> APIFuture[types.ForwardBackwardOutput]:
+        return self.forward_backward_custom(data, loss_fn, loss_type_input=loss_type_input)
+
+    def optim_step(self, optim_params: types.OptimParams | None = None, *,
+                   adam_params: types.AdamParams | None = None) -> APIFuture[types.OptimStepResponse]:
+        """One AdamW step (torch.optim.AdamW semantics, grad_clip_norm > 0 clips the global norm), then zero grads."""
+        if optim_params is not None and adam_params is not None:
+            raise ValueError("Specify optim_params or legacy adam_params, not both")
+        params = optim_params if optim_params is not None else adam_params
+        if not isinstance(params, types.AdamParams):
+            raise TypeError("Expected AdamParams (the Tinker double implements only AdamW)")
+        return run_op(self._service, "optim_step", {"adam_params": params}, lambda: self._step(params))
+
+    def _step(self, p: types.AdamParams) -> types.OptimStepResponse:
+        for group in self.optimizer.param_groups:
+            group.update(lr=p.learning_rate, betas=(p.beta1, p.beta2), eps=p.eps, weight_decay=p.weight_decay)
+        if p.grad_clip_norm > 0:
+            torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), p.grad_clip_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return types.OptimStepResponse(metrics=None)
+
+    @deprecated(_ASYNC_DEPRECATION, category=FutureWarning)
+    async def optim_step_async(self, optim_params: types.OptimParams | None = None, *,
+                               adam_params: types.AdamParams | None = None) -> APIFuture[types.OptimStepResponse]:
+        return self.optim_step(optim_params, adam_params=adam_params)
+
+    # -- checkpoints ----------------------------------------------------------------------------------------------
+    def _write(self, kind: str, name: str, overwrite: bool, optimizer: bool) -> str:
+        if not name or "/" in name or name.startswith("."):
+            raise http_error(tinker.BadRequestError, 400, f"invalid checkpoint name {name!r}: use a plain name")
+        folder = self._service.root / self.model_id / kind / name
+        if (folder / "model.pt").exists() and not overwrite:
+            raise http_error(tinker.ConflictError, 409, f"checkpoint {name!r} exists; pass overwrite=True")
+        folder.mkdir(parents=True, exist_ok=True)
+        torch.save(self.policy.state_dict(), folder / "model.pt")
+        if optimizer:
+            torch.save(self.optimizer.state_dict(), folder / "optimizer.pt")
+        (folder / "meta.json").write_text(json.dumps({"base_model": self._base_model, "lora_rank": self._rank}))
+        return f"tinker://{self.model_id}/{kind}/{name}"
+
+    @staticmethod
+    def read_meta(folder: Path) -> dict[str, Any]:
+        return dict(json.loads((folder / "meta.json").read_text()))
+
+    @staticmethod
+    def read_weights(folder: Path) -> dict[str, torch.Tensor]:
+        return dict(torch.load(folder / "model.pt", weights_only=True))
+
+    def restore(self, folder: Path, *, with_optimizer: bool) -> None:
+        self.policy.load_state_dict(self.read_weights(folder))
+        if with_optimizer:
+            self.optimizer.load_state_dict(torch.load(folder / "optimizer.pt", weights_only=True))
+
+    def save_state(self, name: str, ttl_seconds: int | None = None, overwrite: bool = False,
+                   user_metadata: dict[str, str] | None = None) -> APIFuture[types.SaveWeightsResponse]:
+        """Weights + AdamW state under root; the response's path reloads them (create_training_client_from_state*)."""
+        return run_op(self._service, "save_state", {"name": name}, lambda: types.SaveWeightsResponse(
+            path=self._write("weights", name, overwrite, optimizer=True), type="save_weights"))
+
+    @deprecated(_ASYNC_DEPRECATION, category=FutureWarning)
+    async def save_state_async(self, name: str, ttl_seconds: int | None = None, overwrite: bool = False,
+                               user_metadata: dict[str, str] | None = None) -> APIFuture[types.SaveWeightsResponse]:
+        return self.save_state(name, ttl_seconds=ttl_seconds, overwrite=overwrite, user_metadata=user_metadata)
+
+    def _load(self, path: str, optimizer: bool) -> types.LoadWeightsResponse:
+        folder = self._service._ckpt_dir(path, kinds=("weights",))
+        self.restore(folder, with_optimizer=optimizer)
+        return types.LoadWeightsResponse(path=path, model_id=self.model_id, type="load_weights")
+
+    @deprecated("DEPRECATED in the SDK: use ServiceClient.create_training_client_from_state()", category=FutureWarning)
+    def load_state(self, path: str, weights_access_token: str | None = None) -> APIFuture[types.LoadWeightsResponse]:
+        return run_op(self._service, "load_state", {"path": path}, lambda: self._load(path, optimizer=False))
+
+    @deprecated("DEPRECATED in the SDK: use ServiceClient.create_training_client_from_state()", category=FutureWarning)
+    async def load_state_async(self, path: str,
+                               weights_access_token: str | None = None) -> APIFuture[types.LoadWeightsResponse]:
+        return run_op(self._service, "load_state", {"path": path}, lambda: self._load(path, optimizer=False))
+
+    @deprecated("DEPRECATED in the SDK: use create_training_client_from_state_with_optimizer()",
+                category=FutureWarning)
+    def load_state_with_optimizer(self, path: str,
+                                  weights_access_token: str | None = None) -> APIFuture[types.LoadWeightsResponse]:
+        return run_op(self._service, "load_state_with_optimizer", {"path": path},
+                      lambda: self._load(path, optimizer=True))
+
+    @deprecated("DEPRECATED in the SDK: use create_training_client_from_state_with_optimizer()",
+                category=FutureWarning)
+    async def load_state_with_optimizer_async(self, path: str, weights_access_token: str | None = None,
+                                              ) -> APIFuture[types.LoadWeightsResponse]:
+        return run_op(self._service, "load_state_with_optimizer", {"path": path},
+                      lambda: self._load(path, optimizer=True))
+
+    def save_weights_for_sampler(self, name: str, ttl_seconds: int | None = None,
+                                 user_metadata: dict[str, str] | None = None,
+                                 ) -> APIFuture[types.SaveWeightsForSamplerResponse]:
+        """Weights only, as tinker://<run>/sampler_weights/<name> (for create_sampling_client(model_path=...))."""
+        return run_op(self._service, "save_weights_for_sampler", {"name": name},
+                      lambda: types.SaveWeightsForSamplerResponse(
+                          path=self._write("sampler_weights", name, True, optimizer=False),
+                          type="save_weights_for_sampler"))
+
+    @deprecated(_ASYNC_DEPRECATION, category=FutureWarning)
+    async def save_weights_for_sampler_async(self, name: str, ttl_seconds: int | None = None,
+                                             user_metadata: dict[str, str] | None = None,
+                                             ) -> APIFuture[types.SaveWeightsForSamplerResponse]:
+        return self.save_weights_for_sampler(name, ttl_seconds=ttl_seconds, user_metadata=user_metadata)
+
+    def save_weights_and_get_sampling_client(self, name: str | None = None, retry_config: Any | None = None,
+                                             record_stability_info: bool = False,
+                                             kind: types.SamplingClientKind = "snapshot",
+                                             ) -> APIFuture[SamplingClientDouble]:
+        """A sampling client on the current weights: "snapshot" keeps them fixed; "inflight" clients all follow
+        the latest inflight save of this training client."""
+        def op() -> SamplingClientDouble:
+            frozen = self.policy.frozen_copy()
+            if kind == "inflight":
+                self._inflight[:] = [frozen]
+                return SamplingClientDouble(self._service, self._base_model, lambda: self._inflight[0], None)
+            return SamplingClientDouble(self._service, self._base_model, lambda: frozen, None)
+
+        return client_future(run_op(self._service, "save_weights_and_get_sampling_client", {"kind": kind}, op))
+
+    @deprecated(_ASYNC_DEPRECATION, category=FutureWarning)
+    async def save_weights_and_get_sampling_client_async(self, name: str | None = None, retry_config: Any | None = None,
+                                                         record_stability_info: bool = False,
+                                                         kind: types.SamplingClientKind = "snapshot",
+                                                         ) -> SamplingClientDouble:
+        return await self.save_weights_and_get_sampling_client(name, retry_config, record_stability_info, kind)
+
+    def create_sampling_client(self, model_path: str, retry_config: Any | None = None,
+                               record_stability_info: bool = False) -> APIFuture[SamplingClientDouble]:
+        return self._service.create_sampling_client(model_path=model_path, retry_config=retry_config,
+                                                    record_stability_info=record_stability_info)
+
+    @deprecated(_ASYNC_DEPRECATION, category=FutureWarning)
+    async def create_sampling_client_async(self, model_path: str, retry_config: Any | None = None,
+                                           record_stability_info: bool = False) -> SamplingClientDouble:
+        return await self.create_sampling_client(model_path, retry_config, record_stability_info)
+
+    def get_info(self) -> types.GetInfoResponse:
+        return self._info
+
+    @deprecated("DEPRECATED in the SDK: use get_info()", category=FutureWarning)
+    async def get_info_async(self) -> types.GetInfoResponse:
+        return self._info
+
+    def get_tokenizer(self) -> Any:
+        return self.policy.tokenizer
+
+
+def service_double_from_env() -> ServiceDouble:
+    """The RLLM_TINKER_SERVICE factory: checkpoints under $RLLM_TINKER_DOUBLE_DIR (default: a fresh temp dir, so
+    set it to share checkpoints across processes), models from $RLLM_TINKER_DOUBLE_MODELS (comma-separated,
+    default ``tiny-random``)."""
+    root = os.environ.get(DOUBLE_DIR_ENV, "").strip() or tempfile.mkdtemp(prefix="rllm-tinker-double-")
+    models = [m.strip() for m in os.environ.get(DOUBLE_MODELS_ENV, "").split(",") if m.strip()]
+    return ServiceDouble(Path(root), base_models=tuple(models) or ("tiny-random",))
+
