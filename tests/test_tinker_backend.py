@@ -103,52 +103,68 @@ def test_weights_move_and_the_sampler_follows(tmp_path: Path, double_env: Path) 
         backend.shutdown()
 
 
+PROBE = [1, 2, 3, 4, 5, 6, 7, 8]
+
+
 @pytest.mark.parametrize(("loss", "method"), [("importance_sampling", "forward_backward"),
-                                              ("ppo", "forward_backward_custom"), ("ppo", "optim_step")])
-def test_a_transient_failure_is_retried_and_the_step_succeeds(tmp_path: Path, double_env: Path, loss: str,
-                                                              method: str) -> None:
-    config = _config(tmp_path, max_steps=1, loss=loss)
-    backend = TinkerBackend(config)
-    backend.setup(config)
+                                              ("ppo", "forward_backward_custom"), ("ppo", "optim_step"),
+                                              ("ppo", "save_state")])
+def test_a_transient_failure_retries_the_step_from_its_snapshot(tmp_path: Path, double_env: Path, loss: str,
+                                                                method: str) -> None:
+    """The retried step leaves exactly the weights a step without the failure leaves (never two updates)."""
+    from rllm_core.testing.backend_contract import sample_rows
+
+    twins = []
+    for name in ("clean", "faulty", "untrained"):
+        config = _config(tmp_path / name, max_steps=1, loss=loss)
+        backend = TinkerBackend(config)
+        backend.setup(config)
+        backend.policy_endpoint()  # its training client and first snapshot exist before any fault starts
+        twins.append(backend)
+    clean, faulty, untrained = twins
     try:
-        from rllm_core.testing.backend_contract import sample_rows
-
-        backend.service.faults.add(method, 2, "server")
-        metrics = TestTinkerContract._step(backend, sample_rows(backend, n=2, max_tokens=8))
-        assert metrics["train/trained_tokens"] > 0
-        assert len(backend.service.faults.raised) == 2
+        rows = sample_rows(clean, n=2, max_tokens=8)
+        TestTinkerContract._step(clean, rows)
+        faulty.service.faults.add(method, 2, "server")
+        metrics = TestTinkerContract._step(faulty, rows)
+        assert len(faulty.service.faults.raised) == 2 and metrics["tinker/tries"] == 3
+        assert _logprobs(faulty, PROBE) == pytest.approx(_logprobs(clean, PROBE), abs=1e-6)
+        assert _logprobs(faulty, PROBE) != _logprobs(untrained, PROBE), "the step must have trained"
     finally:
-        backend.shutdown()
+        for b in twins:
+            b.shutdown()
 
 
-def test_a_service_down_mid_run_stops_with_a_resumable_checkpoint(tmp_path: Path, double_env: Path,
-                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
-    config = _config(tmp_path, max_steps=4)
-    real_setup = TinkerBackend.setup
+def test_a_service_down_mid_run_stops_with_a_checkpoint_of_the_last_step(tmp_path: Path, double_env: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    real_step = TinkerBackend.train_step
+    after_step_2: list[list[float | None]] = []
 
-    def setup_then_fail_step_3(self: TinkerBackend, cfg: TrainConfig) -> None:
-        real_setup(self, cfg)
-        real_update = self._update
+    def fail_from_step_3(self: TinkerBackend, rows: list) -> object:
+        if self.steps_done == 2 and not after_step_2:
+            after_step_2.append(_logprobs(self, PROBE))
+            self.service.faults.add("forward_backward_custom", 100, "server")
+        return real_step(self, rows)
 
-        async def update(rows: list) -> dict[str, float]:
-            if self.steps_done == 2:
-                self.service.faults.add("forward_backward_custom", 100, "server")
-            return await real_update(rows)
+    monkeypatch.setattr(TinkerBackend, "train_step", fail_from_step_3)
+    with pytest.raises(TrainingError, match=r"stopped at step 3: .*forward_backward_custom after 4 tries.* last good "
+                                            r"checkpoint is .*step_2"):
+        _train(_config(tmp_path, max_steps=4))
+    ckpt = json.loads((latest_checkpoint(tmp_path / "run" / "checkpoints") / STATE_FILE).read_text())
+    assert ckpt["steps_done"] == 2
+    import tinker
 
-        self._update = update  # type: ignore[method-assign]
-
-    monkeypatch.setattr(TinkerBackend, "setup", setup_then_fail_step_3)
-    with pytest.raises(TrainingError, match=r"stopped at step 3: .*forward_backward.*tries.* last good checkpoint "
-                                            r"is .*step_2"):
-        _train(config)
-    monkeypatch.setattr(TinkerBackend, "setup", real_setup)
+    sampler = ServiceDouble(double_env).create_sampling_client(model_path=ckpt["sampler_path"]).result()
+    saved = sampler.compute_logprobs(tinker.types.ModelInput.from_ints(PROBE)).result()
+    assert saved == pytest.approx(after_step_2[0], abs=1e-6), "the rescue checkpoint must hold step 2's weights"
+    monkeypatch.setattr(TinkerBackend, "train_step", real_step)
     resumed = _train(_config(tmp_path, max_steps=4), resume=True)
     assert resumed.steps_done == 4
 
 
 def test_eval_samples_from_a_trained_run(tmp_path: Path, double_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rllm_core.cli.app import build_app  # the CLI as a user runs it
     from rllm_backends.tinker import double
+    from rllm_core.cli.app import build_app  # the CLI as a user runs it
 
     _train(_config(tmp_path, max_steps=1))
     made: list[ServiceDouble] = []

@@ -6,8 +6,7 @@ from __future__ import annotations
 import math
 
 import pytest
-
-pytest.importorskip("tinker")
+import tinker  # noqa: F401  (in the dev extra: a missing SDK must fail here, not skip)
 
 from rllm_backends.tinker.datum import row_to_datum, rows_to_datums
 from rllm_core.errors import TrainingError

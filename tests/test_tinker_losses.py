@@ -10,9 +10,6 @@ import typing
 
 import pytest
 import torch
-
-pytest.importorskip("tinker")
-
 from tinker import types
 from tinker.lib.public_interfaces.training_client import TrainingClient
 

@@ -134,7 +134,9 @@ def test_sampling_params_reach_tinker_with_eos_and_stop_strings_as_tinker_takes_
     assert (p.max_tokens, p.temperature, p.top_p, p.top_k, p.seed) == (7, 0.5, 0.9, 5, 3)
     assert p.stop == sorted({tokenizer.eos_token_id, 42})
     assert tinker_sampling_params(SamplingParams(max_tokens=1, ignore_eos=True), eos, tokenizer).stop == []
-    assert tinker_sampling_params(SamplingParams(max_tokens=1), eos, tokenizer).top_k == -1
+    plain = tinker_sampling_params(SamplingParams(max_tokens=1), eos, tokenizer)
+    assert plain.top_k == -1
+    assert plain.stop is None  # the service's own EOS rule: it knows every EOS id of the model
     with_text = tinker_sampling_params(SamplingParams(max_tokens=1, stop=("END",)), eos, tokenizer)
     assert with_text.stop == ["END", tokenizer.eos_token]  # strings only: EOS goes as its text
 

@@ -42,6 +42,7 @@ from rllm_backends.tinker.double_model import (
     FAULT_KINDS,
     Faults,
     LogEntry,
+    RestClientDouble,
     SamplingClientDouble,
     TinyPolicy,
     bad_request,
@@ -70,16 +71,6 @@ DOUBLE_MODELS_ENV = "RLLM_TINKER_DOUBLE_MODELS"
 
 C = TypeVar("C")
 _ASYNC_DEPRECATION = ASYNC_DEPRECATION
-
-
-class RestClientDouble:
-    """`tinker.RestClient`'s `get_server_capabilities` (an APIFuture), answered by the double's service."""
-
-    def __init__(self, service: ServiceDouble) -> None:
-        self._service = service
-
-    def get_server_capabilities(self) -> APIFuture[types.GetServerCapabilitiesResponse]:
-        return run_op(self._service, "get_server_capabilities", {}, self._service._capabilities)
 
 
 class ServiceDouble:
@@ -173,6 +164,11 @@ class ServiceDouble:
                 category=FutureWarning)
     async def get_server_capabilities_async(self) -> types.GetServerCapabilitiesResponse:
         return await run_op(self, "get_server_capabilities", {}, self._capabilities)
+
+    def close(self, status: Literal["success", "errored", "interrupted"], detail: str | None = None) -> Any:
+        """Ends the session: later calls are refused, as the service would."""
+        self.closed = status
+        return run_op(self, "close", {"status": status, "detail": detail}, lambda: None)
 
     def create_rest_client(self) -> RestClientDouble:
         """The SDK's non-deprecated way to ask for capabilities: `create_rest_client().get_server_capabilities()`."""
@@ -382,7 +378,7 @@ class TrainingClientDouble:
         if p.grad_clip_norm > 0:
             torch.nn.utils.clip_grad_norm_(self.policy.model.parameters(), p.grad_clip_norm)
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.optimizer.zero_grad(set_to_none=False)  # as a service would: zero gradients, so AdamW still steps
         return types.OptimStepResponse(metrics=None)
 
     @deprecated(_ASYNC_DEPRECATION, category=FutureWarning)

@@ -480,3 +480,13 @@ def _topk(rows: list[list[tuple[int, float]] | None], k: int | None = None) -> T
         for j, (tid, lp) in enumerate(row or []):
             ids[i, j], lps[i, j] = tid, lp
     return TopkLogprobs(token_ids=ids, logprobs=lps)
+
+
+class RestClientDouble:
+    """`tinker.RestClient`'s `get_server_capabilities` (an APIFuture), answered by the double's service."""
+
+    def __init__(self, service: Any) -> None:
+        self._service = service
+
+    def get_server_capabilities(self) -> APIFuture[types.GetServerCapabilitiesResponse]:
+        return run_op(self._service, "get_server_capabilities", {}, self._service._capabilities)

@@ -7,6 +7,7 @@ the same local OpenAI-compatible adapter the training rollouts use, so eval epis
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -31,11 +32,11 @@ def sampling_client_for(service: Any, model: str) -> tuple[Any, str, int | None]
                               "checkpoints/; give a run directory of `rllm train --backend tinker`, or a base model")
         state = read_checkpoint(ckpt)
         base = str(state["base_model"])
-        context = check_base_model(service, base)
+        context = check_base_model(service, base, need="sampleable")
         client = call_with_retries(lambda: service.create_sampling_client(model_path=state["sampler_path"]).result(),
                                    what="create_sampling_client")
         return client, base, context
-    context = check_base_model(service, model)
+    context = check_base_model(service, model, need="sampleable")
     client = call_with_retries(lambda: service.create_sampling_client(base_model=model).result(),
                                what="create_sampling_client")
     return client, model, context
@@ -48,10 +49,13 @@ def tinker_eval_endpoint(model: str) -> Iterator[Any]:
     from rllm_core.eval.endpoint import Endpoint
 
     require_api_key()
-    client, base, context = sampling_client_for(service_client(), model)
-    server = start_tinker_sampling_server(client, model_name=base, tokenizer=client.get_tokenizer(),
-                                          context_length=context)
+    service = service_client()
     try:
-        yield Endpoint(server.base_url, server.model_name, None, "backend")
+        client, base, context = sampling_client_for(service, model)
+        with start_tinker_sampling_server(client, model_name=base, tokenizer=client.get_tokenizer(),
+                                          context_length=context) as server:
+            yield Endpoint(server.base_url, server.model_name, None, "backend")
     finally:
-        server.stop()
+        if hasattr(service, "close"):  # ends the session on the service (SDK 0.38)
+            with contextlib.suppress(Exception):
+                service.close("success").result(30)

@@ -1,7 +1,7 @@
 """Retrying calls to the Tinker service: which failures are transient, and the backoff (tenacity).
 
 The SDK retries connection errors itself; what reaches us is what its own retries gave up on, or a request the
-service failed (`RequestFailedError` of category Server / Unknown, a 408/409/429/5xx status). Those are retried
+service failed (`RequestFailedError` of category Server / Unknown, a 408/429/5xx status). Those are retried
 here with exponential backoff; a failure caused by the request itself (category User, a 4xx) is not. Once the
 tries are spent, the call raises TrainingError naming the call and the service's message.
 """
@@ -27,7 +27,7 @@ RETRY_WAIT_S = float(os.environ.get("RLLM_TINKER_RETRY_WAIT_S", "2"))
 
 
 def is_transient(exc: BaseException) -> bool:
-    """True for failures worth another try: connection/timeouts, 408/409/429/5xx, server-side request failures."""
+    """True for failures worth another try: connection/timeouts, 408/429/5xx, server-side request failures."""
     try:
         import tinker
     except ImportError:
@@ -36,7 +36,7 @@ def is_transient(exc: BaseException) -> bool:
         return True
     if isinstance(exc, tinker.APIStatusError):
         code = exc.status_code
-        return code in (408, 409, 429) or 500 <= code < 600
+        return code in (408, 429) or 500 <= code < 600  # not 409: a name clash stays one
     if isinstance(exc, tinker.RequestFailedError):
         return str(exc.category).lower() != "user"
     return False

@@ -13,14 +13,15 @@ what the local engine emits. A streamed response arrives in one burst when Tinke
 
 Decisions worth knowing:
 - Stop conditions. Tinker's `stop` is either strings or token ids, and an explicit list replaces its implicit EOS
-  stop. Without stop strings Tinker gets the token ids (EOS unless `ignore_eos`, plus `stop_token_ids`). With
-  stop strings it gets those strings plus the text of each stop token (EOS unless `ignore_eos`), so it still
-  ends early; `Sequence` decides the text and the finish reason either way, and tokens Tinker sent after the
-  point `Sequence` stopped at are dropped (never reported, never recorded).
+  stop. A request with no stop strings, no `stop_token_ids` and EOS on sends `stop=None`, so the service applies
+  its own end-of-sequence rule (it knows every EOS id of the model; a tokenizer alone may name only one). Otherwise
+  Tinker gets the token ids (EOS unless `ignore_eos`, plus `stop_token_ids`), or, with stop strings, those strings
+  plus the text of each stop token, so it still ends early; `Sequence` decides the text and the finish reason
+  either way, and tokens Tinker sent after the point `Sequence` stopped at are dropped (never reported, never recorded).
 - top_logprobs > 0 asks Tinker for `topk_sample_logprobs=k` and relays its per-token alternatives (a position
   Tinker reports nothing for gets an empty list).
 - Transient SDK errors (`rllm_backends.tinker.retry.is_transient`: connection errors, timeouts, HTTP
-  408/409/429/5xx, failed requests not blamed on the user) are retried with exponential backoff (tenacity);
+  408/429/5xx, failed requests not blamed on the user) are retried with exponential backoff (tenacity);
   after the last attempt, or at once for any other error, every choice ends with finish_reason "error" and the
   error text, which the app turns into a 500 (or an error event while streaming). A request whose sequences
   come back without logprobs fails the same way: training cannot use a completion it cannot score.
@@ -31,7 +32,9 @@ Decisions worth knowing:
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
+import functools
 import inspect
 import logging
 import threading
@@ -84,8 +87,10 @@ def tinker_sampling_params(p: SamplingParams, eos_ids: Iterable[int], tokenizer:
     import tinker
 
     stop_ids = sorted({*(() if p.ignore_eos else eos_ids), *p.stop_token_ids})
-    stop: list[str] | list[int]
-    if p.stop:
+    stop: list[str] | list[int] | None
+    if not p.stop and not p.stop_token_ids and not p.ignore_eos:
+        stop = None  # the service's own end-of-sequence rule: it knows every EOS id of the model (Qwen3 has two)
+    elif p.stop:
         texts = [str(tokenizer.decode([i], skip_special_tokens=False)) for i in stop_ids]
         stop = list(dict.fromkeys([*p.stop, *(t for t in texts if t)]))
     else:
@@ -148,6 +153,9 @@ class TinkerSamplingEngine:
         self._client = sampling_client
         self._version = policy_version
         self._sem = asyncio.Semaphore(max_concurrency)
+        # sample calls run here, not on asyncio's default executor (a few workers on a small machine would cap
+        # concurrency below max_concurrency); the SDK's `sample` only schedules, a double samples in the call
+        self._pool = concurrent.futures.ThreadPoolExecutor(max_concurrency, thread_name_prefix="rllm-tinker-sample")
         self._tasks: set[asyncio.Task[None]] = set()
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stopping = False
@@ -200,6 +208,7 @@ class TinkerSamplingEngine:
     def stop(self) -> None:
         """Refuse new requests and end the running ones ("abort", which the app reports as an error)."""
         self._stopping = True
+        self._pool.shutdown(wait=False, cancel_futures=True)
         loop = self._loop
         if loop is None or loop.is_closed() or not self._tasks:
             return
@@ -277,7 +286,8 @@ class TinkerSamplingEngine:
                         try:
                             # on a worker thread: the SDK's `sample` only schedules, but a client that samples
                             # in the call (the double) must not block the HTTP loop
-                            result = await asyncio.to_thread(client.sample, **kwargs)
+                            result = await asyncio.get_running_loop().run_in_executor(
+                                self._pool, functools.partial(client.sample, **kwargs))
                             return await result if inspect.isawaitable(result) else result
                         finally:
                             self._running -= req.n

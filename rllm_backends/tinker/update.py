@@ -1,26 +1,42 @@
-"""One update on the Tinker service: rows → Datums → forward_backward (+ optim_step, pipelined) → metrics.
+"""One update on the Tinker service: rows → Datums → forward_backward + optim_step + snapshot, pipelined.
 
-`forward_backward` and `optim_step` are submitted back to back before either is awaited, as Tinker's docs ask
-(the service then runs them in one clock cycle instead of two). A transient failure of either is retried with
-backoff (`retry.acall_with_retries`); a failed forward_backward is retried alone and its optim_step submitted
-again after it, so a step never applies gradients twice.
+The three requests are submitted back to back before any is awaited, as Tinker's docs ask (the service then runs
+them in one clock cycle instead of several), and `train_step` submits them before it returns, so they run while
+the loop writes the step's episodes. The snapshot (`save_state` with a one-day expiry) is the state after this step:
+what the next step restarts from if it fails.
+
+A failed step is never resubmitted on the same client: its optim_step may already have applied (AdamW moves the
+weights through momentum and weight decay even without fresh gradients; the SDK may have sent part of a chunked
+forward_backward), and a failed custom loss poisons the client. Instead the client is rebuilt from the previous
+step's snapshot and the whole step retried there, with backoff (tenacity), while the failure is transient. When
+the tries are spent the client is rebuilt once more, so the weights are those of the last finished step, as the
+seam promises for a TrainingError, and the loop checkpoints that step.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import time
+import uuid
 from typing import TYPE_CHECKING, Any
 
-from rllm_backends.tinker.retry import acall_with_retries, is_transient
+from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
+
+from rllm_backends.tinker import retry
 from rllm_core.errors import TrainingError
 from rllm_core.training.packing import TrainRow
 
 if TYPE_CHECKING:
     from rllm_backends.tinker.backend import TinkerBackend
 
-__all__ = ["reference_logprobs", "run_update"]
+__all__ = ["StepUpdate", "reference_logprobs"]
+
+
+async def _value(value: Any) -> Any:
+    """An SDK future (awaitable), a coroutine, or a plain value, as a value."""
+    while hasattr(value, "__await__"):
+        value = await value
+    return value
 
 
 async def reference_logprobs(reference: Any, rows: list[TrainRow]) -> list[list[float]]:
@@ -28,65 +44,123 @@ async def reference_logprobs(reference: Any, rows: list[TrainRow]) -> list[list[
     import tinker
 
     async def one(row: TrainRow) -> list[float]:
-        fut = await acall_with_retries(
-            lambda: _awaitable(reference.compute_logprobs(tinker.types.ModelInput.from_ints(row.tokens))),
+        values = await retry.acall_with_retries(
+            lambda: _value(reference.compute_logprobs(tinker.types.ModelInput.from_ints(row.tokens))),
             what="compute_logprobs (KL reference)")
-        return [0.0 if lp is None else float(lp) for lp in fut]
+        return [0.0 if lp is None else float(lp) for lp in values]
 
     return list(await asyncio.gather(*(one(r) for r in rows)))
 
 
-async def _awaitable(value: Any) -> Any:
-    """An SDK future (awaitable), a coroutine, or a plain value, as a value."""
-    while hasattr(value, "__await__"):
-        value = await value
-    return value
+class StepUpdate:
+    """The requests of one train step, their retries, and its metrics (see the module docstring)."""
 
+    def __init__(self, backend: TinkerBackend, rows: list[TrainRow]) -> None:
+        from rllm_backends.tinker.datum import rows_to_datums
 
-async def run_update(backend: TinkerBackend, rows: list[TrainRow]) -> dict[str, float]:
-    """Train one step on `rows` through `backend.training`; the step's metrics."""
-    from rllm_backends.tinker.datum import rows_to_datums
-    from rllm_backends.tinker.losses import builtin_metrics, make_custom_loss
+        self.backend, self.rows, self.plan = backend, rows, backend.plan
+        scales = self.plan.scales(rows) if self.plan.kind == "builtin" else None
+        self.datums = rows_to_datums(rows, scales)
+        self.loss_fn: Any = None
+        self.futures: tuple[Any, Any, Any] | None = None
+        self.failed_op = ""
+        self.tries = 0
+        self.lr = 0.0
+        self.started = time.monotonic()
 
-    plan, training, config = backend.plan, backend.training, backend.config
-    started = time.monotonic()
-    ref = await reference_logprobs(backend.reference, rows) if plan.needs_ref_logprobs else None
-    if plan.kind == "custom":
-        datums = rows_to_datums(rows)
-        loss_fn = make_custom_loss(rows, config, ref_logprobs=ref)
+    def submit_now(self) -> None:
+        """Queue the step on the service at once, unless KL first needs the reference logprobs."""
+        if not self.plan.needs_ref_logprobs:
+            self._build_loss(None)
+            self.futures = self._submit()
 
-        def submit_fb() -> Any:
-            return training.forward_backward_custom(datums, loss_fn)
-    else:
-        datums = rows_to_datums(rows, plan.scales(rows))
+    def _build_loss(self, ref: list[list[float]] | None) -> None:
+        from rllm_backends.tinker.losses import make_custom_loss
 
-        def submit_fb() -> Any:
-            return training.forward_backward(datums, plan.loss_fn, plan.loss_fn_config)
+        if self.plan.kind == "custom":
+            self.loss_fn = make_custom_loss(self.rows, self.backend.config, ref_logprobs=ref)
 
-    def submit_opt() -> Any:
-        return training.optim_step(backend.adam_params())
+    def _submit(self) -> tuple[Any, Any, Any]:
+        from rllm_backends.tinker.backend import SNAPSHOT_TTL_S
 
-    fb_future, opt_future = submit_fb(), submit_opt()  # pipelined: both queued before either is awaited
-    try:
-        output = await _awaitable(fb_future)
-    except Exception as exc:
-        with contextlib.suppress(Exception):  # the step queued behind the failed one had no fresh gradients
-            await _awaitable(opt_future)
-        if not is_transient(exc):
-            raise TrainingError(f"the Tinker service refused forward_backward: {type(exc).__name__}: {exc}") from exc
-        output = await acall_with_retries(lambda: _awaitable(submit_fb()), what="forward_backward")
-        opt_future = None
-    if opt_future is not None:
+        self.tries += 1
+        training = self.backend.training
+        if self.plan.kind == "custom":
+            fb = training.forward_backward_custom(self.datums, self.loss_fn)
+        else:
+            fb = training.forward_backward(self.datums, self.plan.loss_fn, self.plan.loss_fn_config)
+        params = self.backend.adam_params()
+        self.lr = float(params.learning_rate)
+        opt = training.optim_step(params)
+        name = f"rllm-step{self.backend.steps_done + 1}-{uuid.uuid4().hex[:8]}"
+        snap = training.save_state(name, ttl_seconds=SNAPSHOT_TTL_S)
+        return fb, opt, snap
+
+    async def _await(self, futures: tuple[Any, Any, Any]) -> tuple[Any, Any, Any]:
+        names = ("forward_backward_custom" if self.plan.kind == "custom" else "forward_backward", "optim_step",
+                 "save_state")
+        results = []
+        for name, fut in zip(names, futures, strict=True):
+            self.failed_op = name
+            results.append(await _value(fut))
+        self.failed_op = ""
+        return results[0], results[1], results[2]
+
+    async def _rollback(self) -> None:
+        """A fresh client from the previous step's snapshot: the weights and optimizer as that step left them."""
+        snapshot = self.backend.snapshot_path
+        if snapshot is None:
+            raise TrainingError("no snapshot of the previous step to restart from")
+        await asyncio.to_thread(self.backend.restore, snapshot)
+        self.backend.dirty = False
+
+    async def run(self) -> dict[str, float]:
+        """Await the step (retrying it from the previous snapshot on transient failures); its metrics."""
+        from rllm_backends.tinker.losses import builtin_metrics
+
+        backend = self.backend
+        if self.futures is None:  # KL: the reference logprobs come first
+            self._build_loss(await reference_logprobs(backend.reference, self.rows))
+            self.futures = self._submit()
         try:
-            optim = await _awaitable(opt_future)
+            output, optim, snap = await self._await(self.futures)
         except Exception as exc:
-            if not is_transient(exc):
-                raise TrainingError(f"the Tinker service refused optim_step: {type(exc).__name__}: {exc}") from exc
-            opt_future = None
-    if opt_future is None:
-        optim = await acall_with_retries(lambda: _awaitable(submit_opt()), what="optim_step")
-    metrics = builtin_metrics(rows, output, plan)
-    optim_metrics = getattr(optim, "metrics", None) or {}
-    metrics.update({f"tinker/{k}": float(v) for k, v in optim_metrics.items() if isinstance(v, int | float)})
-    metrics["time/tinker_update_s"] = time.monotonic() - started
-    return metrics
+            output, optim, snap = await self._retry(exc)
+        backend.snapshot_path = snap.path
+        backend.steps_done += 1
+        metrics = builtin_metrics(self.rows, output, self.plan)
+        optim_metrics = getattr(optim, "metrics", None) or {}
+        metrics.update({f"tinker/{k}": float(v) for k, v in optim_metrics.items() if isinstance(v, int | float)})
+        metrics["train/lr"] = self.lr
+        metrics["tinker/tries"] = float(self.tries)
+        metrics["time/tinker_update_s"] = time.monotonic() - self.started
+        return metrics
+
+    async def _retry(self, first: Exception) -> tuple[Any, Any, Any]:
+        backend = self.backend
+        backend.dirty = True
+        op = self.failed_op
+        if not retry.is_transient(first):
+            await self._undo()
+            backend._failed = True
+            raise TrainingError(f"the Tinker service refused {op}: {type(first).__name__}: {first}") from first
+        try:
+            async for attempt in AsyncRetrying(stop=stop_after_attempt(max(retry.RETRY_ATTEMPTS - 1, 1)),
+                                               wait=wait_exponential(multiplier=retry.RETRY_WAIT_S, max=60),
+                                               retry=retry_if_exception(retry.is_transient), reraise=True):
+                with attempt:
+                    await self._rollback()
+                    return await self._await(self._submit())
+        except Exception as exc:
+            await self._undo()
+            backend._failed = True
+            raise TrainingError(f"the Tinker service failed {self.failed_op or op} after {self.tries} tries of the "
+                                f"step: {type(exc).__name__}: {exc}") from exc
+        raise AssertionError("unreachable")  # pragma: no cover - tenacity returns or raises
+
+    async def _undo(self) -> None:
+        """Leave the live weights as the last finished step left them, if the service lets us."""
+        try:
+            await self._rollback()
+        except Exception:  # the service is down: `save` restores before it checkpoints (backend.dirty stays set)
+            return
