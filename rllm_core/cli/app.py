@@ -12,6 +12,7 @@ import os
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from rllm_core.errors import RLLMError
 from rllm_core.plugins import get_plugin_manager
@@ -48,5 +49,5 @@ def main() -> None:
     try:
         build_app()()
     except RLLMError as exc:
-        Console(stderr=True).print(f"[red]rllm: {exc}[/red]", highlight=False)
+        Console(stderr=True).print(f"[red]rllm: {escape(str(exc))}[/red]", highlight=False)  # "rllm[x]" stays
         raise SystemExit(2) from None

@@ -49,8 +49,8 @@ def plugins_command(
     for col in ("name", "kind", "version", "status"):
         table.add_column(col)
     for i in infos:
-        status = f"[red]failed: {escape(i.error)}[/red]" if i.error else "[green]loaded[/green]"  # not markup
-        table.add_row(i.name, i.kind, i.version or "-", status)
+        status = f"[red]failed: {escape(i.error)}[/red]" if i.error else "[green]loaded[/green]"
+        table.add_row(*_plain(i.name, i.kind, i.version or "-"), status)
     console = Console()
     console.print(table)
     adapters = Table(title="framework adapters")
@@ -59,9 +59,15 @@ def plugins_command(
     for spec in get_plugin_manager().adapters():
         installed, status = adapter_status(spec)
         colour = "green" if status == "ok" else "yellow"
-        adapters.add_row(spec.name, spec.framework, installed or "-", spec.tested_versions or "-",
-                         f"[{colour}]{status}[/{colour}]")
+        adapters.add_row(*_plain(spec.name, spec.framework, installed or "-", spec.tested_versions or "-"),
+                         f"[{colour}]{escape(status)}[/{colour}]")  # the hint's "rllm[extra]" is not a tag
     console.print(adapters)
+
+
+def _plain(*cells: str) -> list[str]:
+    """Cells as literal text: rich reads a table cell as markup, so `rllm[autogen]` (an extra, a plugin's own
+    name or version) would print as `rllm` without this."""
+    return [escape(c) for c in cells]
 
 
 @hookimpl

@@ -7,6 +7,7 @@ import threading
 import typer
 from pydantic import ValidationError
 from rich.console import Console
+from rich.markup import escape
 
 from rllm_core.errors import ConfigError
 from rllm_core.hookspecs import hookimpl
@@ -69,13 +70,13 @@ def gateway_command(
                                max_body_bytes=max_body_bytes or DEFAULT_MAX_BODY_BYTES, store=store, limits=limits)
     except ValidationError as exc:
         problems = "; ".join(str(e.get("ctx", {}).get("error") or e["msg"]) for e in exc.errors())
-        console.print(f"[red]rllm gateway: {problems}[/red]", highlight=False)
+        console.print(f"[red]rllm gateway: {escape(problems)}[/red]", highlight=False)
         raise typer.Exit(2) from None
     except ConfigError as exc:
-        console.print(f"[red]rllm gateway: {exc}[/red]", highlight=False)
+        console.print(f"[red]rllm gateway: {escape(str(exc))}[/red]", highlight=False)
         raise typer.Exit(2) from None
     for warning in upstream_warnings([u.url for u in ups]):
-        console.print(f"[yellow]warning: {warning}[/yellow]", highlight=False)
+        console.print(f"[yellow]warning: {escape(warning)}[/yellow]", highlight=False)
     token = handle.client_api_key
     if token is None:
         console.print("[yellow]warning: --no-auth: any process on this machine can use the upstream and read "

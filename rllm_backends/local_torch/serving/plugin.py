@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 
 from rllm_core.errors import RLLMError
 from rllm_core.hookspecs import hookimpl
@@ -51,7 +52,7 @@ def serve_command(
     try:
         handle = _start(model, host, port, engine, threads, max_batch_size, dtype, device, vllm_arg, console)
     except RLLMError as exc:
-        console.print(f"[red]rllm serve: {exc}[/red]")
+        console.print(f"[red]rllm serve: {escape(str(exc))}[/red]", highlight=False)  # "rllm[x]" is no tag
         raise typer.Exit(2) from None
     from rllm_backends.local_torch.serving.vllm import gateway_hint
 
