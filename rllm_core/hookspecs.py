@@ -10,6 +10,10 @@ Registration hooks return lists of specs (each module that consumes them defines
 - ``rllm_register_backends() -> list[BackendSpec]``          (rllm_core.plugins.BackendSpec)
 - ``rllm_register_benchmarks() -> list[Benchmark]``          (rllm_core.benchmarks registry types)
 - ``rllm_register_commands(app)``                            adds typer commands / sub-apps to the CLI
+- ``rllm_register_loggers() -> list[LoggerSpec]``            (rllm_core.loggers.LoggerSpec) metric loggers for
+                                                              `rllm train --logger NAME` (TensorBoard, W&B, ...)
+- ``rllm_register_sandbox_providers() -> list[SandboxProviderSpec]`` (rllm_core.sandbox) where agents' commands
+                                                              run: `--sandbox local|docker|modal|daytona`
 
 Every hook is called through pluggy (`pm.hook.<name>(...)`), in pluggy's order: `tryfirst` implementations
 first, then the most recently registered plugin first, `trylast` ones last. A `@hookimpl(wrapper=True)`
@@ -64,6 +68,16 @@ class RLLMHookSpec:
     @hookspec
     def rllm_register_commands(self, app: Any) -> None:
         """Add commands or sub-apps to the `rllm` typer application."""
+        raise NotImplementedError
+
+    @hookspec
+    def rllm_register_loggers(self) -> list[Any]:
+        """Return LoggerSpec objects (rllm_core.loggers) for the metric loggers this plugin provides."""
+        raise NotImplementedError
+
+    @hookspec
+    def rllm_register_sandbox_providers(self) -> list[Any]:
+        """Return SandboxProviderSpec objects (rllm_core.sandbox) for the sandbox providers this plugin provides."""
         raise NotImplementedError
 
     @hookspec

@@ -16,12 +16,15 @@ import threading
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pluggy
 
 from rllm_core.errors import PluginError
 from rllm_core.hookspecs import PROJECT, RLLMHookSpec
+
+if TYPE_CHECKING:
+    from rllm_core.loggers import LoggerSpec
 
 __all__ = [
     "AdapterSpec",
@@ -39,6 +42,8 @@ _KIND_BY_HOOK = {
     "rllm_register_backends": "backend",
     "rllm_register_benchmarks": "benchmark",
     "rllm_register_commands": "command",
+    "rllm_register_loggers": "logger",
+    "rllm_register_sandbox_providers": "sandbox",
     "rllm_on_llm_call": "events",
     "rllm_on_episode_end": "events",
 }
@@ -219,6 +224,22 @@ class PluginManager:
 
     def benchmarks(self) -> list[Any]:
         return self._collect("rllm_register_benchmarks")
+
+    def sandbox_providers(self) -> dict[str, Any]:
+        """Sandbox providers by name (rllm_core.sandbox.SandboxProviderSpec); on a clash the first in call order
+        wins, as for backends."""
+        found: dict[str, Any] = {}
+        for spec in self._collect("rllm_register_sandbox_providers"):
+            found.setdefault(spec.name, spec)
+        return found
+
+    def loggers(self) -> dict[str, LoggerSpec]:
+        """Metric loggers by name (rllm_core.loggers.LoggerSpec); on a clash the first in call order wins, as
+        for backends."""
+        found: dict[str, LoggerSpec] = {}
+        for spec in self._collect("rllm_register_loggers"):
+            found.setdefault(spec.name, spec)
+        return found
 
 
 def _isolate(impl: pluggy.HookImpl, report: Callable[[Exception], None]) -> None:

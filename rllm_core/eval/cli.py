@@ -19,6 +19,9 @@ def eval_command(
     base_url: str | None = typer.Option(None, "--base-url", help="OpenAI-compatible endpoint ending in /v1."),
     model: str | None = typer.Option(None, "--model", help="Model name at the endpoint (or a built-in embedded one)."),
     api_key_env: str | None = typer.Option(None, "--api-key-env", help="Environment variable holding the API key."),
+    sandbox: str | None = typer.Option(
+        None, "--sandbox", help="Sandbox provider for agentic benchmarks: local (default), docker, modal, daytona.",
+    ),
     backend: str | None = typer.Option(
         None, "--backend", help="Sample through a training backend (e.g. tinker; --model: base model or run dir).",
     ),
@@ -57,11 +60,11 @@ def eval_command(
 
     try:
         opts = EvalOptions(benchmark=benchmark, split=split, max_examples=max_examples, base_url=base_url,
-                           model=model, api_key=api_key, backend=backend, attempts=attempts, concurrency=concurrency,
-                           agent=agent,
-                           workflow=workflow, output=output, data_dir=data_dir, max_tokens=max_tokens,
-                           temperature=temperature, timeout_s=timeout, seed=seed, progress=not no_progress,
-                           rollout_workers=rollout_workers, ray_address=ray_address)
+                           model=model, api_key=api_key, backend=backend, sandbox=sandbox, attempts=attempts,
+                           concurrency=concurrency, agent=agent, workflow=workflow, output=output,
+                           data_dir=data_dir, max_tokens=max_tokens, temperature=temperature, timeout_s=timeout,
+                           seed=seed, progress=not no_progress, rollout_workers=rollout_workers,
+                           ray_address=ray_address)
         result = run_eval(opts)
     except RLLMError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)

@@ -7,6 +7,11 @@ an episode with that reason) and each finished episode is appended to episodes.j
 With `rollout_workers > 0` the episodes run in that many Ray actors (`rllm_core.distributed`) on a local
 cluster started for the run, or on `ray_address`; the in-process gateway in front of the endpoint records
 them, and summary.json's config["ray"] says how many workers died and what that cost (retried / lost).
+
+The output is a run directory of `rllm_core.runs` (kind "eval"; docs/run-directory.md), so `rllm view` follows an
+eval as it runs: run.json, config.yaml (these options), heartbeat.json, log.txt, episodes.jsonl with its index
+sidecar episodes.jsonl.idx (the reader's file "eval"), and at the end summary.json and one `eval` record of its
+figures in metrics.jsonl.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import yaml
 from pydantic import BaseModel, ConfigDict
 
 from rllm_core.benchmarks.registry import get_benchmark
@@ -25,8 +31,9 @@ from rllm_core.errors import ConfigError
 from rllm_core.eval.agent import load_agent
 from rllm_core.eval.endpoint import Endpoint, open_endpoint
 from rllm_core.eval.summary import EvalSummary, summarize
-from rllm_core.io import append_jsonl
 from rllm_core.rollout import Rollout
+from rllm_core.runs.episodes import EpisodeWriter
+from rllm_core.runs.writer import RunWriter
 from rllm_core.types import Episode, Task
 
 if TYPE_CHECKING:
@@ -44,6 +51,8 @@ class EvalOptions(BaseModel):
     base_url: str | None = None
     model: str | None = None
     api_key: str | None = None
+    sandbox: str | None = None
+    """Sandbox provider for sandboxed benchmarks (local, docker, modal, daytona); None: the benchmark's default."""
     backend: str | None = None
     """Sample through a training backend's own serving (e.g. 'tinker': --model is a base model or a run dir)."""
     attempts: int = 1
@@ -71,16 +80,19 @@ class EvalResult(BaseModel):
     summary_path: Path
 
 
-def _rollout(opts: EvalOptions, default: Rollout) -> Rollout:
+def _rollout(opts: EvalOptions, bench: Any) -> Rollout:
     if opts.agent and opts.workflow:
         raise ConfigError("give either --agent or --workflow, not both")
     if opts.agent:
-        return load_agent(opts.agent)
-    if opts.workflow:
+        named = bench.named_agent(opts.agent) if ":" not in opts.agent else None
+        rollout = named or load_agent(opts.agent)
+    elif opts.workflow:
         from rllm_core.workflows import get_workflow
 
-        return get_workflow(opts.workflow)
-    return default
+        rollout = get_workflow(opts.workflow)
+    else:
+        rollout = bench.default_rollout()
+    return bench.wrap_rollout(rollout, sandbox=opts.sandbox)
 
 
 def _output_dir(opts: EvalOptions) -> Path:
@@ -120,19 +132,26 @@ def run_eval(opts: EvalOptions) -> EvalResult:
                        max_examples=opts.max_examples, seed=opts.seed)
     if not tasks:
         raise ConfigError(f"benchmark {bench.name!r} split {opts.split!r} has no rows to evaluate")
-    rollout = _rollout(opts, bench.default_rollout())
+    rollout = _rollout(opts, bench)
     temperature = opts.temperature if opts.temperature is not None else (0.0 if opts.attempts == 1 else 1.0)
     sampling: dict[str, Any] = {"temperature": temperature, "max_tokens": opts.max_tokens}
+    config = opts.model_dump(mode="json", exclude={"api_key"})
     with open_endpoint(opts.base_url, opts.model, opts.api_key, backend=opts.backend) as endpoint:
         out = _output_dir(opts)
         episodes_path, summary_path = out / "episodes.jsonl", out / "summary.json"
-        episodes_path.write_text("")
+        config.update(temperature=temperature, rollout=rollout.name, endpoint_source=endpoint.source)
+        run = RunWriter(out, "eval").start(max_steps=len(tasks) * opts.attempts)
+        (out / "config.yaml").write_text(yaml.safe_dump({**config, "served_model": endpoint.model},
+                                                        sort_keys=False), encoding="utf-8")
+        writer = EpisodeWriter(episodes_path)
 
         def save(ep: Episode) -> None:
-            append_jsonl(episodes_path, ep)
+            writer.write(ep)
+            run.set_step(writer.count)
 
         started = time.monotonic()
         ray_stats: dict[str, Any] | None = None
+        failure: str | None = "interrupted"
         try:
             if opts.rollout_workers:
                 episodes, ray_stats = _run_on_ray(opts, rollout, tasks, endpoint, sampling, bench, save)
@@ -143,19 +162,36 @@ def run_eval(opts: EvalOptions) -> EvalResult:
                     timeout_s=opts.timeout_s, progress=opts.progress, on_episode=save,
                     description=f"{bench.name} · {endpoint.model}",
                 ))
+            wall = time.monotonic() - started
+            if ray_stats is not None:
+                config["ray"] = ray_stats
+            summary = summarize(episodes, benchmark=bench.name, split=opts.split, model=endpoint.model,
+                                attempts=opts.attempts, wall_time_s=wall, base_url=endpoint.base_url,
+                                config=config)
+            summary_path.write_text(summary.model_dump_json(indent=2) + "\n", encoding="utf-8")
+            run.log("eval", 0, _summary_record(summary))
+            failure = None
         except KeyboardInterrupt:
-            done = sum(1 for line in episodes_path.read_text(encoding="utf-8").splitlines() if line.strip())
-            raise KeyboardInterrupt(f"interrupted: {done} of {len(tasks) * opts.attempts} episodes finished, "
-                                    f"saved in {episodes_path} (no summary.json)") from None
-        wall = time.monotonic() - started
-    config = opts.model_dump(mode="json", exclude={"api_key"})
-    config.update(temperature=temperature, rollout=rollout.name, endpoint_source=endpoint.source)
-    if ray_stats is not None:
-        config["ray"] = ray_stats
-    summary = summarize(episodes, benchmark=bench.name, split=opts.split, model=endpoint.model,
-                        attempts=opts.attempts, wall_time_s=wall, base_url=endpoint.base_url, config=config)
-    summary_path.write_text(summary.model_dump_json(indent=2) + "\n", encoding="utf-8")
+            raise KeyboardInterrupt(f"interrupted: {writer.count} of {len(tasks) * opts.attempts} episodes "
+                                    f"finished, saved in {episodes_path} (no summary.json)") from None
+        except BaseException as exc:
+            failure = f"{type(exc).__name__}: {exc}"
+            raise
+        finally:
+            writer.close()
+            run.stop(failure)
     return EvalResult(summary=summary, output_dir=out, episodes_path=episodes_path, summary_path=summary_path)
+
+
+def _summary_record(summary: EvalSummary) -> dict[str, Any]:
+    """The summary's figures as one metrics.jsonl `eval` record, under the names train records use."""
+    n = summary.n_episodes or 1
+    return {"reward/mean": summary.mean_reward, "reward/accuracy": summary.accuracy, **summary.pass_at_k,
+            "episode/count": summary.n_episodes, "episode/tasks": summary.n_tasks, "episode/errors": summary.errors,
+            "episode/response_tokens_mean": summary.completion_tokens / n,
+            **{f"reason/{r}": c / n for r, c in summary.reasons.items()},
+            "tokens/prompt": summary.prompt_tokens, "tokens/completion": summary.completion_tokens,
+            "throughput/tokens_per_s": summary.tokens_per_s, "time/eval_s": summary.wall_time_s}
 
 
 def _run_on_ray(opts: EvalOptions, rollout: Rollout, tasks: list[Task], endpoint: Endpoint,

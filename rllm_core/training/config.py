@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rllm_core.algorithms.names import AGG_MODES, ESTIMATORS, LOSSES, REJECTION_MODES, requires_groups
 from rllm_core.errors import ConfigError
@@ -27,6 +27,8 @@ class TrainConfig(BaseModel):
     """Benchmark to train on (see `rllm bench list`); on the command line, the positional argument."""
     agent: str | None = None
     """'module:function' rollout to train instead of the benchmark's default agent."""
+    sandbox: str | None = None
+    """Sandbox provider of sandboxed benchmarks (terminal, harbor:PATH): local, docker, modal, daytona."""
     workflow: Literal["default", "none"] = "default"
     """'default': the benchmark grades each episode; 'none': the agent scores itself (Episode.reward or
     artifacts['reward']) and the benchmark only supplies tasks."""
@@ -146,6 +148,19 @@ class TrainConfig(BaseModel):
     """How many complete checkpoints to keep (0: all)."""
     save_episodes: bool = True
     """Write every step's episodes to episodes/step_N.jsonl (for the trajectory viewer)."""
+    loggers: list[str] = Field(default_factory=list)
+    """Metric loggers besides metrics.jsonl (always written), e.g. ['tensorboard', 'wandb'] (see `rllm plugins`);
+    on the command line, --logger NAME (repeatable)."""
+
+    @field_validator("loggers", mode="before")
+    @classmethod
+    def _logger_names(cls, value: Any) -> Any:
+        """'tensorboard,wandb' (a YAML scalar or an env-style list) is the same as the list; repeats count once."""
+        if isinstance(value, str):
+            value = value.split(",")
+        if isinstance(value, list | tuple):
+            return list(dict.fromkeys(str(v).strip() for v in value if str(v).strip()))
+        return value
 
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:

@@ -5,11 +5,13 @@ a `Console(quiet=True)` for silence."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import TracebackType
 from typing import Any
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 __all__ = ["TrainDisplay", "eval_line", "step_line"]
 
@@ -40,12 +42,20 @@ def eval_line(step: int, m: dict[str, Any]) -> str:
 class TrainDisplay:
     """`with TrainDisplay(...) as d: d.phase("step 3: rollouts"); d.step_done(3, metrics)`."""
 
-    def __init__(self, console: Console, total: int, completed: int, bar: bool = True) -> None:
+    def __init__(self, console: Console, total: int, completed: int, bar: bool = True,
+                 echo: Callable[[str], None] | None = None) -> None:
         columns = (TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                    TextColumn("{task.fields[status]}"))
         self.console = console
         self.progress = Progress(*columns, console=console, disable=not bar, transient=False)
         self.task = self.progress.add_task("train", total=total, completed=completed, status="")
+        self.echo = echo
+        """Also gets each printed line as plain text (the run directory's log.txt)."""
+
+    def _print(self, line: str) -> None:
+        self.console.print(line, highlight=False, soft_wrap=True)
+        if self.echo is not None:
+            self.echo(Text.from_markup(line).plain)
 
     def __enter__(self) -> TrainDisplay:
         self.progress.__enter__()
@@ -62,7 +72,7 @@ class TrainDisplay:
 
     def step_done(self, step: int, metrics: dict[str, Any]) -> None:
         self.progress.update(self.task, completed=step, status="")
-        self.console.print(step_line(step, metrics), highlight=False, soft_wrap=True)
+        self._print(step_line(step, metrics))
 
     def eval_done(self, step: int, metrics: dict[str, Any]) -> None:
-        self.console.print(eval_line(step, metrics), highlight=False, soft_wrap=True)
+        self._print(eval_line(step, metrics))

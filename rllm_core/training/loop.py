@@ -27,6 +27,7 @@ from rich.console import Console
 from rllm_core.algorithms import filter_groups, group_advantages
 from rllm_core.backend import Backend, check_capabilities, create_backend, resolve_metrics
 from rllm_core.errors import ConfigError, TrainingError
+from rllm_core.loggers import open_loggers
 from rllm_core.rollout import Rollout
 from rllm_core.training.checkpoints import clean_partial_checkpoints, latest_checkpoint, read_state, save_checkpoint
 from rllm_core.training.config import TrainConfig, load_config
@@ -246,11 +247,14 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
     if resume:
         _check_resume_config(run, config)  # before config.yaml is rewritten: a refused resume must not change it
     run.create()
+    run.loggers = open_loggers(config.loggers, run.path, config)  # an unknown / missing logger fails here
     config.dump_yaml(run.config_file)
     result = TrainResult(run_dir=run.path, steps_done=0, last_checkpoint=None)
     stages: _Stages | None = None
     stage = RolloutStage(config, rollout, benchmark, backend)
     stack = contextlib.ExitStack()
+    run.start(max_steps=config.max_steps)  # run.json, heartbeat, log.txt: a monitor sees the run from here on
+    failure: str | None = None
     try:
         stack.enter_context(stage)  # connects Ray first (with --rollout-workers): a bad address fails at once
         # a spinner (terminals only) for the seconds before the bar: loading weights, starting the server
@@ -261,7 +265,7 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
                 start, result.last_checkpoint = _resume(run, backend)
         result.steps_done = start
         stages = _Stages(config, stage, backend, run, train_tasks, val_tasks)
-        with TrainDisplay(console, config.max_steps, start, bar=progress) as display:
+        with TrainDisplay(console, config.max_steps, start, bar=progress, echo=run.echo) as display:
             if start == 0 and val_tasks:
                 result.evals.append(await stages.validate(0, display))
             budget_end = time.monotonic() + 60 * config.max_minutes if config.max_minutes else float("inf")
@@ -288,11 +292,22 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
             _rescue_checkpoint(run, backend, config, result)
         where = result.last_checkpoint or latest_checkpoint(run.checkpoints_dir)
         keep = f"the last good checkpoint is {where}" if where else "no checkpoint was written yet"
-        raise TrainingError(f"training stopped at step {result.steps_done + 1}: {exc}. {keep}; resume with "
-                            f"`rllm train --resume {run.path}` after fixing the cause") from None
+        failure = (f"training stopped at step {result.steps_done + 1}: {exc}. {keep}; resume with "
+                   f"`rllm train --resume {run.path}` after fixing the cause")
+        raise TrainingError(failure) from None
+    except (KeyboardInterrupt, asyncio.CancelledError):  # Ctrl-C reaches a coroutine as a cancellation
+        failure = "interrupted"
+        raise
+    except BaseException as exc:
+        failure = f"{type(exc).__name__}: {exc}"
+        raise
     finally:
-        backend.shutdown()  # before the stage: a backend's actors live on the Ray the stage may own
-        stack.close()
+        try:
+            backend.shutdown()  # before the stage: a backend's actors live on the Ray the stage may own
+            stack.close()
+        finally:
+            run.loggers.close()
+            run.stop(failure)  # heartbeat "finished", or "failed" with why
     return result
 
 

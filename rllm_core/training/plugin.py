@@ -8,6 +8,7 @@ directory's config.yaml (with --resume) < --config file < flags.
 from __future__ import annotations
 
 import inspect
+import shlex
 import types
 import typing
 from pathlib import Path
@@ -36,7 +37,7 @@ def _cli_type(annotation: Any) -> Any:
 
 
 _PANELS: dict[str, tuple[str, ...]] = {
-    "What to train on": ("agent", "workflow", "train_split", "val_split", "data_dir", "max_train_examples"),
+    "What to train on": ("agent", "workflow", "sandbox", "train_split", "val_split", "data_dir", "max_train_examples"),
     "Model and backend": ("model", "backend", "device", "n_gpus", "nnodes", "bf16", "gradient_checkpointing",
                           "lora_rank", "lora_alpha"),
     "Algorithm": ("algo", "loss", "agg", "clip_low", "clip_high", "clip_c", "kl_coef", "kl_type", "rejection",
@@ -105,6 +106,9 @@ def _run(benchmark: str | None, config_file: Path | None, resume: Path | None, p
     evals = [m for m in RunDir(result.run_dir).read_metrics() if m.get("kind") == "eval"]  # resumed runs too
     console.print(f"done: {_steps(result.steps_done)}{_accuracy_summary(evals)}, checkpoint "
                   f"{result.last_checkpoint}, run dir {result.run_dir}", highlight=False, soft_wrap=True)
+    run = shlex.quote(str(result.run_dir))
+    console.print(f"  browse it: rllm view {run}   ·   curves: rllm plot {run} -o curves.png", highlight=False,
+                  soft_wrap=True, markup=False)
 
 
 def _steps(n: int) -> str:
@@ -147,12 +151,20 @@ def _make_command() -> Any:
                                                "checkpoint (its config.yaml, overridden by the flags given).")),
         inspect.Parameter("progress", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
                           default=typer.Option(True, "--progress/--no-progress", help="Show the progress bar.")),
+        inspect.Parameter("logger", inspect.Parameter.KEYWORD_ONLY, annotation=list[str] | None,
+                          default=typer.Option(None, "--logger", metavar="NAME", rich_help_panel=_panel("loggers"),
+                                               help=escape("Also log metrics to NAME (repeatable): tensorboard "
+                                                           "(<run>/tensorboard/, rllm[tensorboard]), wandb (offline "
+                                                           "unless WANDB_MODE=online, rllm[wandb]), or a plugin's "
+                                                           "(`rllm plugins`). metrics.jsonl is always written."))),
     ]
-    options = [_option(n) for n, f in TrainConfig.model_fields.items()
-               if n != "benchmark" and typing.get_origin(f.annotation) is not dict]  # maps: config files only
+    options = [_option(n) for n, f in TrainConfig.model_fields.items()  # maps: config files only; lists: above
+               if n not in ("benchmark", "loggers") and typing.get_origin(f.annotation) is not dict]
 
     def train_command(**kwargs: Any) -> None:
         """Train a model with RL on a benchmark (GRPO on the embedded SmolLM2-135M by default)."""
+        loggers = kwargs.pop("logger")
+        kwargs["loggers"] = list(loggers) if loggers else None  # None: the config file's (or none)
         _run(kwargs.pop("benchmark"), kwargs.pop("config_file"), kwargs.pop("resume"), kwargs.pop("progress"),
              kwargs)
 

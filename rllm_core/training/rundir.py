@@ -1,9 +1,14 @@
-"""The run directory: everything a run writes, laid out so a monitor (`rllm view`) can read it while it runs.
+"""The run directory of `rllm train`: everything a run writes, laid out so a monitor (`rllm view`) can read it while
+it runs. The layout is the one of `rllm_core.runs` (shared with `rllm eval`; docs/run-directory.md):
 
     <output>/
+      run.json                 {"format": 1, "kind": "train", "started", "pid", "host", "argv"}
       config.yaml              the full TrainConfig of the run (resume reads it back)
       metrics.jsonl            one JSON object per line: {"kind": "train"|"eval"|"error", "step": N, "time": t, ...}
-      episodes/step_N.jsonl    the episodes of train step N (eval: eval_step_N.jsonl, eval_greedy_step_N.jsonl)
+      heartbeat.json           rewritten every ~5 s while the run lives; "finished" / "failed" at the end
+      log.txt                  the rllm loggers' records and the printed step / eval lines
+      episodes/step_N.jsonl    the episodes of train step N (eval: eval_step_N.jsonl, eval_greedy_step_N.jsonl),
+                               each with its index sidecar step_N.jsonl.idx
       checkpoints/step_N/      backend state + state.json (written last; see checkpoints.py)
       checkpoints/latest       the name of the newest complete checkpoint
 """
@@ -11,33 +16,31 @@
 from __future__ import annotations
 
 import json
-import math
-import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
-from rllm_core.io import write_jsonl
+from rllm_core.runs.episodes import write_episodes
+from rllm_core.runs.writer import RunWriter
 from rllm_core.types import Episode
 
 __all__ = ["RunDir"]
 
 
-def _clean(value: Any) -> Any:
-    if isinstance(value, float) and not math.isfinite(value):
-        return None  # JSON has no NaN; a monitor reads null as "missing"
-    return value
-
-
-class RunDir:
-    """Paths and writers of one run directory."""
+class RunDir(RunWriter):
+    """Paths and writers of one training run directory (`start` / `stop` / `log` / `echo`: see RunWriter)."""
 
     def __init__(self, path: str | Path) -> None:
-        self.path = Path(path)
-        self.config_file = self.path / "config.yaml"
-        self.metrics_file = self.path / "metrics.jsonl"
+        super().__init__(path, "train")
         self.episodes_dir = self.path / "episodes"
         self.checkpoints_dir = self.path / "checkpoints"
+        self.loggers: Any = None
+        """A `rllm_core.loggers.LoggerGroup` (`--logger`): every record also goes to it, after metrics.jsonl."""
+
+    def log(self, kind: str, step: int, metrics: dict[str, Any]) -> None:
+        super().log(kind, step, metrics)
+        if self.loggers is not None:
+            self.loggers.log(kind, step, metrics)
 
     def holds_run(self) -> bool:
         """True when a run already wrote here (metrics or checkpoints): a fresh run must not mix into it."""
@@ -47,11 +50,6 @@ class RunDir:
         for d in (self.path, self.episodes_dir, self.checkpoints_dir):
             d.mkdir(parents=True, exist_ok=True)
         return self
-
-    def log(self, kind: str, step: int, metrics: dict[str, Any]) -> None:
-        record = {"kind": kind, "step": step, "time": time.time(), **{k: _clean(v) for k, v in metrics.items()}}
-        with open(self.metrics_file, "a", encoding="utf-8") as f:
-            f.write(json.dumps(record) + "\n")
 
     def read_metrics(self) -> list[dict[str, Any]]:
         if not self.metrics_file.exists():
@@ -73,6 +71,7 @@ class RunDir:
         tmp.replace(self.metrics_file)
 
     def save_episodes(self, name: str, episodes: Iterable[Episode]) -> Path:
+        """episodes/<name>.jsonl and its index sidecar <name>.jsonl.idx."""
         path = self.episodes_dir / f"{name}.jsonl"
-        write_jsonl(path, episodes)
+        write_episodes(path, episodes)
         return path

@@ -1,0 +1,1 @@
+"""The `tensorboard` logger: scalars in `<run>/tensorboard/` for `tensorboard --logdir <run>`."""
