@@ -6,11 +6,13 @@ The public surface, in one place (a test pins it):
     rllm.RolloutFailedWarning            what `Rollout.run` warns when the agent raised or timed out
     rllm.Task / Step / Trajectory / Episode / TrajectoryGroup
     rllm.agent_scope, bind_context, submit    attribute calls to agents; carry the episode into threads
+    rllm.current_sandbox()               the sandbox of a sandboxed episode (terminal, harbor:PATH): exec, upload
 """
 
 from rllm_core.context import agent_scope, bind_context, current_episode, submit
 from rllm_core.errors import RLLMError
 from rllm_core.rollout import Rollout, RolloutConfig, RolloutFailedWarning, rollout
+from rllm_core.sandbox import current_sandbox
 from rllm_core.types import Episode, Step, Task, Trajectory, TrajectoryGroup, group_trajectories
 
 __version__ = "0.1.0"
@@ -29,6 +31,7 @@ __all__ = [
     "agent_scope",
     "bind_context",
     "current_episode",
+    "current_sandbox",
     "group_trajectories",
     "rollout",
     "submit",

@@ -18,7 +18,7 @@ ROWS: dict[str, tuple[dict[str, Any], str | None, str]] = {
     "deepscaler": ({"problem": "2+3", "answer": "5", "solution": ""}, None, "\\boxed{6}"),
     "aime25": ({"problem": "p", "answer": "204"}, None, "\\boxed{205}"),
     "theoremqa": ({"Question": "q", "Answer": 3.0}, "\\boxed{3}", "\\boxed{4}"),
-    "finqa": ({"pre_text": ["Revenue rose."], "post_text": [], "table": [["year", "rev"], ["2020", "10"]],
+    "finqa_text": ({"pre_text": ["Revenue rose."], "post_text": [], "table": [["year", "rev"], ["2020", "10"]],
                "question": "What is rev?", "answer": "10"}, None, "\\boxed{11}"),
     "mmlu": ({"question": "q", "choices": ["a", "b", "c", "d"], "answer": 2}, "The answer is (C)", "(A)"),
     "mmlu_pro": ({"question": "q", "options": list("abcdefghij"), "answer": "J"}, "The answer is (J)", "(B)"),

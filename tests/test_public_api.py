@@ -7,7 +7,8 @@ def test_public_names() -> None:
     assert sorted(rllm.__all__) == sorted([
         "Episode", "RLLMError", "Rollout", "RolloutConfig", "RolloutFailedWarning", "Step", "Task", "Trajectory",
         "TrajectoryGroup",
-        "__version__", "agent_scope", "bind_context", "current_episode", "group_trajectories", "rollout", "submit",
+        "__version__", "agent_scope", "bind_context", "current_episode", "current_sandbox", "group_trajectories",
+        "rollout", "submit",
     ])
     for name in rllm.__all__:
         assert hasattr(rllm, name), name

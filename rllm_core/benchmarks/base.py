@@ -96,6 +96,18 @@ class Benchmark(ABC):
 
         return single_turn
 
+    def named_agent(self, name: str) -> Rollout | None:
+        """A built-in agent of this benchmark called `name` (`--agent oracle`, `--agent nop`), or None."""
+        return None
+
+    def wrap_rollout(self, rollout: Rollout, *, sandbox: str | None = None) -> Rollout:
+        """The rollout each episode runs. A sandboxed benchmark returns one that starts the task's sandbox (provider
+        `sandbox`, None: its default), runs `rollout` inside it (`rllm_core.sandbox.current_sandbox()`), verifies and
+        closes it; others return `rollout` unchanged (and refuse a `sandbox` they cannot use)."""
+        if sandbox is not None:
+            raise BenchmarkError(f"benchmark {self.name!r} runs no sandbox; drop --sandbox {sandbox}")
+        return rollout
+
     def info(self) -> dict[str, Any]:
         """The row `rllm bench list --json` prints (rows of the test split, or of the only split there is)."""
         split = "test" if "test" in self.splits else self.splits[0]

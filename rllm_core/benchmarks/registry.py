@@ -56,11 +56,30 @@ def list_benchmarks() -> list[Benchmark]:
     return sorted(_registry().values(), key=lambda b: (b.category, b.name))
 
 
+_PREFIXES: dict[str, str] = {"harbor": "rllm_envs.harbor.plugin:harbor_benchmark"}
+"""`PREFIX:ARG` names (e.g. `harbor:./tasks`) built on demand by `module:factory(ARG)`: task sets on disk."""
+
+
+def _from_prefix(prefix: str, arg: str) -> Benchmark:
+    import importlib
+
+    module, _, attr = _PREFIXES[prefix].partition(":")
+    try:
+        factory = getattr(importlib.import_module(module), attr)
+    except ImportError as exc:
+        raise BenchmarkError(f"{prefix}:PATH benchmarks need {module} ({exc}); reinstall rllm") from exc
+    return _check(factory(arg))
+
+
 def get_benchmark(name: str) -> Benchmark:
-    """The benchmark called `name`; BenchmarkError with the closest names when there is none."""
+    """The benchmark called `name` (or built from a `harbor:PATH` name); BenchmarkError with the closest names
+    when there is none."""
     reg = _registry()
     if name in reg:
         return reg[name]
+    prefix, sep, arg = name.partition(":")
+    if sep and prefix in _PREFIXES:
+        return _from_prefix(prefix, arg)
     lowered = {n.lower().replace("-", "_"): n for n in reg}
     key = name.lower().replace("-", "_")
     if key in lowered:

@@ -13,11 +13,14 @@ from pydantic import BaseModel, ConfigDict, Field
 __all__ = ["REASONS", "RewardReason", "RewardResult"]
 
 RewardReason = Literal[
-    "correct", "wrong_answer", "no_answer_extracted", "format_error", "truncated", "timeout", "error"
+    "correct", "wrong_answer", "no_answer_extracted", "format_error", "truncated", "timeout", "error",
+    "verifier_error", "sandbox_error",
 ]
 REASONS: tuple[str, ...] = (
-    "correct", "wrong_answer", "no_answer_extracted", "format_error", "truncated", "timeout", "error"
+    "correct", "wrong_answer", "no_answer_extracted", "format_error", "truncated", "timeout", "error",
+    "verifier_error", "sandbox_error",
 )
+"""`verifier_error` / `sandbox_error`: a sandboxed task's verifier wrote no usable reward / its sandbox failed."""
 
 
 class RewardResult(BaseModel):

@@ -31,10 +31,16 @@ def resolve_benchmark(config: TrainConfig, benchmark: Any = None) -> Any:
 
 
 def resolve_rollout(config: TrainConfig, benchmark: Any) -> Rollout:
-    """--agent when given, else the benchmark's default rollout."""
+    """--agent when given (a 'module:function', or a name the benchmark knows), else the benchmark's default
+    rollout; wrapped by the benchmark (a sandboxed one runs each episode in a `--sandbox` sandbox)."""
     if config.agent:
-        return load_agent(config.agent)
-    return benchmark.default_rollout()
+        lookup = getattr(benchmark, "named_agent", None)
+        named = lookup(config.agent) if lookup is not None and ":" not in config.agent else None
+        rollout = named or load_agent(config.agent)
+    else:
+        rollout = benchmark.default_rollout()
+    wrap = getattr(benchmark, "wrap_rollout", None)
+    return wrap(rollout, sandbox=config.sandbox) if wrap is not None else rollout
 
 
 def apply_benchmark_defaults(config: TrainConfig, benchmark: Any) -> tuple[TrainConfig, dict[str, Any]]:

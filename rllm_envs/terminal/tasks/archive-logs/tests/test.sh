@@ -1,0 +1,27 @@
+#!/bin/bash
+# Verifier for the `archive-logs` task: judges ONLY the end state of files under /app (never the agent's words)
+# and writes 1 (pass) or 0 (fail) to /logs/verifier/reward.txt. The verdict is written last (0 on any failed
+# check, and 0 first so that a crash scores 0), and the whole script is one { } block, which bash parses
+# completely before running it: a program under test cannot rewrite the rest of this file, and a reward it
+# writes itself is overwritten by the verdict.
+{
+set -u
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C HOME=/tmp
+mkdir -p /logs/verifier
+echo 0 > /logs/verifier/reward.txt
+fail() { echo "FAIL: $*"; echo 0 > /logs/verifier/reward.txt; exit 0; }
+[ -f /app/logs.tar.gz ] || fail "/app/logs.tar.gz does not exist"
+gzip -t /app/logs.tar.gz 2>/dev/null || fail "/app/logs.tar.gz is not gzip-compressed"
+tmp=$(mktemp -d)
+tar -xzf /app/logs.tar.gz -C "$tmp" || fail "cannot extract /app/logs.tar.gz"
+actual=$(cd "$tmp" && find . -type f | sed 's|^\./||' | sort | while IFS= read -r f; do
+    printf '%s  %s\n' "$(sha256sum < "$f" | cut -d' ' -f1)" "$f"; done)
+[ "$actual" = "$(cat /tests/listing.txt)" ] || { echo "$actual"; fail "archive content is wrong"; }
+left=$(find /app/logs -name '*.log' | wc -l)
+[ "$left" -eq 0 ] || fail "$left .log files are still in /app/logs"
+[ "$(cat /app/logs/notes.txt 2>/dev/null)" = "keep me" ] || fail "/app/logs/notes.txt was removed or changed"
+
+echo PASS
+echo 1 > /logs/verifier/reward.txt
+exit 0
+}

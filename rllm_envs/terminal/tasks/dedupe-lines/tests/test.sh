@@ -1,0 +1,20 @@
+#!/bin/bash
+# Verifier for the `dedupe-lines` task: judges ONLY the end state of files under /app (never the agent's words)
+# and writes 1 (pass) or 0 (fail) to /logs/verifier/reward.txt. The verdict is written last (0 on any failed
+# check, and 0 first so that a crash scores 0), and the whole script is one { } block, which bash parses
+# completely before running it: a program under test cannot rewrite the rest of this file, and a reward it
+# writes itself is overwritten by the verdict.
+{
+set -u
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C HOME=/tmp
+mkdir -p /logs/verifier
+echo 0 > /logs/verifier/reward.txt
+fail() { echo "FAIL: $*"; echo 0 > /logs/verifier/reward.txt; exit 0; }
+[ -f /app/unique.txt ] || fail "/app/unique.txt does not exist"
+diff <(sed -e '$a\' /app/unique.txt) /tests/expected.txt || fail "/app/unique.txt is not the first-seen de-duplication"
+[ "$(sha256sum < /app/subscribers.txt | cut -d' ' -f1)" = "fc068fe52ee397a6865e8c73945c55e2cb800621b652e0d81ca41d53c18231fa" ] || fail "subscribers.txt was modified"
+
+echo PASS
+echo 1 > /logs/verifier/reward.txt
+exit 0
+}

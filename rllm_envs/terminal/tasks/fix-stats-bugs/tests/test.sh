@@ -1,0 +1,21 @@
+#!/bin/bash
+# Verifier for the `fix-stats-bugs` task: judges ONLY the end state of files under /app (never the agent's words)
+# and writes 1 (pass) or 0 (fail) to /logs/verifier/reward.txt. The verdict is written last (0 on any failed
+# check, and 0 first so that a crash scores 0), and the whole script is one { } block, which bash parses
+# completely before running it: a program under test cannot rewrite the rest of this file, and a reward it
+# writes itself is overwritten by the verdict.
+{
+set -u
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C HOME=/tmp
+mkdir -p /logs/verifier
+echo 0 > /logs/verifier/reward.txt
+fail() { echo "FAIL: $*"; echo 0 > /logs/verifier/reward.txt; exit 0; }
+[ -f /app/mathlib/stats.py ] || fail "/app/mathlib/stats.py is missing"
+[ "$(sha256sum < /app/mathlib/test_stats.py | cut -d' ' -f1)" = "734df37db9eabeea0f8b5f98c10881dd027c9ce5a9ae09fe91fdb7647921ea99" ] || fail "test_stats.py was modified"
+(cd /app/mathlib && timeout 30 python3 -m unittest -q test_stats) || fail "the visible tests fail"
+(cd /tmp && timeout 30 python3 /tests/hidden_test_stats.py) || fail "hidden tests fail"
+
+echo PASS
+echo 1 > /logs/verifier/reward.txt
+exit 0
+}

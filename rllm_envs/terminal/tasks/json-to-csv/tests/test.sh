@@ -1,0 +1,27 @@
+#!/bin/bash
+# Verifier for the `json-to-csv` task: judges ONLY the end state of files under /app (never the agent's words)
+# and writes 1 (pass) or 0 (fail) to /logs/verifier/reward.txt. The verdict is written last (0 on any failed
+# check, and 0 first so that a crash scores 0), and the whole script is one { } block, which bash parses
+# completely before running it: a program under test cannot rewrite the rest of this file, and a reward it
+# writes itself is overwritten by the verdict.
+{
+set -u
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C HOME=/tmp
+mkdir -p /logs/verifier
+echo 0 > /logs/verifier/reward.txt
+fail() { echo "FAIL: $*"; echo 0 > /logs/verifier/reward.txt; exit 0; }
+[ -f /app/users.csv ] || fail "/app/users.csv does not exist"
+python3 - <<'EOF' || fail "users.csv content is wrong"
+import csv, json, sys
+expected = json.load(open("/tests/expected.json"))
+with open("/app/users.csv", newline="") as f:
+    rows = list(csv.reader(f))
+if rows != expected:
+    print("got:", rows[:3], "... expected:", expected[:3])
+    sys.exit(1)
+EOF
+
+echo PASS
+echo 1 > /logs/verifier/reward.txt
+exit 0
+}

@@ -1,0 +1,19 @@
+#!/bin/bash
+# Verifier for the `word-frequency` task: judges ONLY the end state of files under /app (never the agent's words)
+# and writes 1 (pass) or 0 (fail) to /logs/verifier/reward.txt. The verdict is written last (0 on any failed
+# check, and 0 first so that a crash scores 0), and the whole script is one { } block, which bash parses
+# completely before running it: a program under test cannot rewrite the rest of this file, and a reward it
+# writes itself is overwritten by the verdict.
+{
+set -u
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C HOME=/tmp
+mkdir -p /logs/verifier
+echo 0 > /logs/verifier/reward.txt
+fail() { echo "FAIL: $*"; echo 0 > /logs/verifier/reward.txt; exit 0; }
+[ -f /app/top_words.txt ] || fail "/app/top_words.txt does not exist"
+diff <(sed -e 's/[[:space:]]*$//' -e '$a\' /app/top_words.txt) /tests/expected.txt || fail "wrong top words"
+
+echo PASS
+echo 1 > /logs/verifier/reward.txt
+exit 0
+}

@@ -1,0 +1,1 @@
+"""The `daytona` sandbox provider (`--sandbox daytona`, extra rllm[daytona]): see provider.py."""

@@ -1,0 +1,1 @@
+"""The `modal` sandbox provider (`--sandbox modal`, extra rllm[modal]): see provider.py."""
