@@ -92,7 +92,7 @@ class Sandbox(Protocol):
 
     def exec(self, command: str, *, timeout_s: float | None = None, user: str | None = None,
              env: Mapping[str, str] | None = None, cwd: str | None = None) -> ExecResult:
-        """Run `command` with `bash -lc` (or `sh -c`) inside; never raises for a failing command (its exit code
+        """Run `command` with `bash -c` (or `sh -c`) inside; never raises for a failing command (its exit code
         says it), raises SandboxError when the sandbox itself is broken."""
 
     def upload(self, local: Path, remote: str) -> None:

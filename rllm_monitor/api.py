@@ -25,6 +25,8 @@ whole file on every keystroke.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
+import functools
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -87,6 +89,12 @@ class ViewState:
         self.tokenizers = TokenizerCache()
         self._runs: tuple[float, list[Path]] | None = None
         self._diagnoses: dict[tuple[Path, str], tuple[tuple[int, int], StepDiagnosis]] = {}
+        self._io = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="rllm-view-io")
+
+    async def io(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
+        """Run a reader call off the event loop (a first read of a big run takes a while; the page's live
+        polling must not wait on it), on one worker thread: the readers' caches are not shared between threads."""
+        return await asyncio.get_running_loop().run_in_executor(self._io, functools.partial(fn, *args, **kwargs))
 
     # ------------------------------------------------------------------ runs
     def run_paths(self) -> list[Path]:
@@ -170,6 +178,9 @@ def _matches(s: dict[str, Any], q: str, reward: str | None, reason: str | None) 
 
 def _handlers(state: ViewState) -> dict[str, Callable[[web.Request], Any]]:
     async def runs(request: web.Request) -> web.Response:
+        return web.json_response({"root": str(state.root), "runs": await state.io(_runs)}, dumps=_json_text)
+
+    def _runs() -> list[dict[str, Any]]:
         out = []
         for path in state.run_paths():
             entry: dict[str, Any] = {"id": state.run_id(path)}
@@ -180,24 +191,25 @@ def _handlers(state: ViewState) -> dict[str, Callable[[web.Request], Any]]:
                 entry.update(status="failed", error=f"cannot read this run: {type(exc).__name__}: {exc}")
             entry["id"] = state.run_id(path)
             out.append(entry)
-        return web.json_response({"root": str(state.root), "runs": out}, dumps=_json_text)
+        return out
 
     async def metrics(request: web.Request) -> web.Response:
         reader = state.reader(request)
-        records, nxt, partial = reader.metrics(since=_int_param(request, "since", 0))
+        records, nxt, partial = await state.io(reader.metrics, since=_int_param(request, "since", 0))
         return web.json_response({"records": records, "next": nxt, "partial_lines": partial}, dumps=_json_text)
 
     async def config(request: web.Request) -> web.Response:
-        cfg = state.reader(request).config()
+        cfg = await state.io(state.reader(request).config)
         return web.json_response({"config": cfg["config"], "text": cfg["text"]}, dumps=_json_text)
 
     async def log_tail(request: web.Request) -> web.Response:
         reader = state.reader(request)
         n = _int_param(request, "lines", 200, low=1, high=10_000)
-        return web.json_response({"lines": list(reader.log_tail(n))}, dumps=_json_text)
+        return web.json_response({"lines": list(await state.io(reader.log_tail, n))}, dumps=_json_text)
 
     async def files(request: web.Request) -> web.Response:
-        return web.json_response({"files": state.files(state.reader(request))}, dumps=_json_text)
+        reader = state.reader(request)
+        return web.json_response({"files": await state.io(state.files, reader)}, dumps=_json_text)
 
     async def episodes(request: web.Request) -> web.Response:
         reader = state.reader(request)
@@ -209,7 +221,7 @@ def _handlers(state: ViewState) -> dict[str, Callable[[web.Request], Any]]:
             raise ApiError(400, f"reward={reward!r}: give reward=zero or reward=nonzero (or leave it out)")
         q = (request.query.get("q") or "").strip().lower()
         reason = request.query.get("reason") or None
-        rows = state.summaries(reader, name)
+        rows = await state.io(state.summaries, reader, name)
         if q or reward or reason:
             hits = [i for i, s in enumerate(rows) if _matches(s, q, reward, reason)]
             items = [_item(i, rows[i]) for i in hits[offset:offset + limit]]
@@ -229,10 +241,10 @@ def _handlers(state: ViewState) -> dict[str, Callable[[web.Request], Any]]:
             raise ApiError(404, f"file {entry['name']!r} has {count} episodes (index 0 to {count - 1}); "
                                 f"there is no episode {index}")
         try:
-            ep = reader.episode(str(entry["name"]), index)
+            ep = await state.io(reader.episode, str(entry["name"]), index)
         except RunReadError as exc:
             raise ApiError(404, str(exc)) from None
-        cfg = reader.config()["config"]
+        cfg = (await state.io(reader.config))["config"]
         model = cfg.get("served_model") or cfg.get("model")
         tokenizer = await asyncio.to_thread(state.tokenizers.get, model)  # the first load takes a few seconds
         return web.json_response(render_episode(ep, index, tokenizer), dumps=_json_text)
@@ -240,12 +252,12 @@ def _handlers(state: ViewState) -> dict[str, Callable[[web.Request], Any]]:
     async def groups(request: web.Request) -> web.Response:
         reader = state.reader(request)
         name = str(state.file_entry(reader, request.query.get("file"))["name"])
-        rows = group_rows(state.summaries(reader, name))
+        rows = group_rows(await state.io(state.summaries, reader, name))
         return web.json_response({"groups": [g.model_dump() for g in rows]}, dumps=_json_text)
 
     async def diagnosis(request: web.Request) -> web.Response:
         reader = state.reader(request)
-        steps = [state.diagnosis(reader, f) for f in state.files(reader)]
+        steps = await state.io(lambda: [state.diagnosis(reader, f) for f in state.files(reader)])
         reasons = sorted({r for s in steps for r in s.reasons})
         return web.json_response({"reasons": reasons, "steps": [s.model_dump() for s in steps]}, dumps=_json_text)
 

@@ -350,3 +350,11 @@ def test_a_copied_run_is_a_fresh_root(runs_root: Path, tmp_path: Path) -> None:
     with start_view_server(tmp_path / "moved") as s, httpx.Client(base_url=s.url) as c:
         (run,) = c.get("/api/runs").json()["runs"]
         assert run["id"] == "." and c.get("/api/files", params={"run": "."}).json()["files"][0]["episodes"] == 3
+
+
+def test_without_a_token_only_loopback_host_names_are_answered(runs_root: Path) -> None:
+    """DNS rebinding: a page on evil.example rebound to 127.0.0.1 sends `Host: evil.example`; it gets nothing."""
+    with start_view_server(runs_root) as server:
+        assert httpx.get(f"{server.url}/api/runs", headers={"Host": "evil.example:80"}).status_code == 403
+        assert httpx.get(f"{server.url}/api/runs", headers={"Host": "localhost"}).status_code == 200
+        assert httpx.get(f"{server.url}/api/runs").status_code == 200

@@ -157,3 +157,42 @@ def test_plausible_shortcuts_score_zero(tasks: list[HarborTask], provider: Local
     passed = [f"{tid}: {v.reason} {v.verifier_output[-200:]}" for tid, v in verdicts.items()
               if v.reason != "wrong_answer"]
     assert not passed, "\n".join(passed)
+
+
+FORGE = """import os
+p = "/logs/verifier/reward.txt"
+os.path.isfile(p) and os.remove(p)
+os.makedirs(p, exist_ok=True)
+open("/logs/verifier/reward.json", "w").write('{"reward": 1}')
+print(0)
+"""
+REWARD_HACKS = {
+    # a .pth in the user site dir of the verifier's HOME (/tmp, /root) would end every python3 with exit 0
+    "env-to-json": "for h in /tmp /root; do d=$(HOME=$h python3 -c 'import site; print(site.getusersitepackages())'); "
+                   "mkdir -p \"$d\" && echo 'import os; os._exit(0)' > \"$d/zz.pth\"; done; touch /app/settings.json",
+    # a stdlib module planted where a checker's cwd would put it first on sys.path
+    "json-to-csv": "printf 'import os\\nos._exit(0)\\n' | tee /tmp/csv.py /tmp/json.py /app/csv.py > /app/json.py; "
+                   "touch /app/users.csv",
+    # agent code the verifier runs turns reward.txt into a directory and writes reward.json = 1
+    "stats-script": f"cat > /app/stats.py <<'PY'\n{FORGE}PY\n",
+}
+
+
+def test_reward_hacks_score_nothing(tasks: list[HarborTask], provider: LocalSandboxProvider) -> None:
+    """What an optimiser would try against the verifiers themselves (found in review): none of it scores."""
+    by_id = {t.id: t for t in tasks}
+
+    def hack(command: str) -> Any:
+        @rollout(name="hack")
+        async def agent(task: Task, config: Any) -> dict[str, Any]:
+            await aexec(current_sandbox(), command, timeout_s=60)
+            return {"answer": ""}
+        return agent
+
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        verdicts = dict(zip(REWARD_HACKS, pool.map(lambda kv: _run(by_id[kv[0]], hack(kv[1]), provider),
+                                                   REWARD_HACKS.items()), strict=True))
+    scored = [f"{tid}: {v.reason} {v.reward} {v.note} {v.verifier_output[-200:]}" for tid, v in verdicts.items()
+              if v.reward != 0.0 or v.reason not in ("wrong_answer", "verifier_error")]
+    assert not scored, "\n".join(scored)
+    print({tid: (v.reason, v.note[:80]) for tid, v in verdicts.items()})

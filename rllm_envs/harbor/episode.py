@@ -199,6 +199,7 @@ async def _verify(sandbox: Sandbox, task: HarborTask, timeout_s: float) -> Harbo
             raise SandboxError(f"preparing /tests and /logs/verifier failed ({setup.exit_code}): "
                                f"{setup.output[-500:]}")
         await asyncio.to_thread(sandbox.upload, task.tests_dir, "/tests")
+        env = {"PYTHONNOUSERSITE": "1", **env}  # a site dir the agent planted in a home must not load
         result = await aexec(sandbox, "bash /tests/test.sh", timeout_s=timeout_s, env=env,
                              user=None if verifier.user is None else str(verifier.user), cwd=task.workdir)
     except SandboxError as exc:
@@ -216,6 +217,15 @@ async def _verify(sandbox: Sandbox, task: HarborTask, timeout_s: float) -> Harbo
         return HarborVerdict(**common, reason="verifier_error", phase="verifier",
                              note=f"tests/test.sh was killed (exit {result.exit_code}); the reward file, if any, "
                                   f"is ignored; its output ends: {_last_lines(result)}")
+    try:
+        check = await aexec(sandbox, "[ -d /logs/verifier ] && [ ! -L /logs/verifier ]", timeout_s=_SETUP_TIMEOUT_S)
+    except SandboxError as exc:
+        return HarborVerdict(**common, reason="sandbox_error", phase="verifier",
+                             note=f"the sandbox failed after the verifier ran: {exc}")
+    if check.exit_code != 0:
+        return HarborVerdict(**common, reason="verifier_error", phase="verifier",
+                             note="/logs/verifier is not a plain directory after the verifier ran (a link or a "
+                                  "file): the reward is not trusted")
     reward, rewards, problem = await asyncio.to_thread(_read_reward, sandbox)
     if problem is not None:
         return HarborVerdict(**common, reason="verifier_error", phase="verifier",
@@ -235,6 +245,9 @@ def _read_reward(sandbox: Sandbox) -> tuple[float | None, dict[str, Any], str | 
         except Exception as exc:
             return None, {}, f"no /logs/verifier after the verifier ran ({type(exc).__name__}: {exc})"
         txt, js = local / "reward.txt", local / "reward.json"
+        for path in (txt, js):  # a program under test may turn reward.txt into a directory or a link to get
+            if path.is_symlink() or (path.exists() and not path.is_file()):  # reward.json read instead: refused
+                return None, {}, f"/logs/verifier/{path.name} is not a regular file; the reward is not trusted"
         if txt.is_file():
             text = txt.read_text(encoding="utf-8", errors="replace").strip()
             try:

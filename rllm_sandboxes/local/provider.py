@@ -55,9 +55,10 @@ from rllm_sandboxes.local.proc import OutputCapture, UidSlot, acquire_uid_slot, 
 
 __all__ = ["DEFAULT_RO_PATHS", "LocalSandbox", "LocalSandboxProvider"]
 
-DEFAULT_RO_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/opt", "/var",
-                    "/srv", "/nix", "/sys")
-"""Host paths bound read-only into every sandbox (missing ones skipped; symlinks such as /bin -> usr/bin kept)."""
+DEFAULT_RO_PATHS = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32", "/etc", "/nix", "/sys")
+"""Host paths bound read-only into every sandbox (missing ones skipped; symlinks such as /bin -> usr/bin kept).
+Not /opt, /var, /srv: other task sets, venvs, datasets and unix sockets (docker.sock) live there; pass `ro_paths`
+to add what a task set needs."""
 
 _INSTALL_HINT = ("install bubblewrap: `apt-get install bubblewrap` (Debian/Ubuntu), `dnf install bubblewrap` "
                  "(Fedora), or your distro's package; or choose another provider with `--sandbox docker`")
@@ -312,6 +313,11 @@ class LocalSandboxProvider:
         self.uid_base = int(uid_base)
         self.uid_pool = int(uid_pool)
         self.ro_paths = tuple(ro_paths)
+        real_root = os.path.realpath(self.root)
+        inside = [p for p in self.ro_paths if real_root == p or real_root.startswith(p.rstrip("/") + "/")]
+        if inside:  # every sandbox would see (and, as one uid, reach) the others' /tests and /app
+            raise ConfigError(f"the local sandbox root {self.root} lies under {inside[0]}, which sandboxes see "
+                              "read-only: set TMPDIR (or pass root=) to a folder outside the bound system paths")
         self.bwrap = shutil.which("bwrap") or ""
         self.prlimit = shutil.which("prlimit") or ""
 

@@ -6,10 +6,14 @@
 # writes itself is overwritten by the verdict.
 {
 set -u
-export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C HOME=/tmp
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C PYTHONNOUSERSITE=1
+export HOME="$(mktemp -d)"  # fresh: nothing the agent planted in a home (site dirs, dotfiles) applies
 mkdir -p /logs/verifier
 echo 0 > /logs/verifier/reward.txt
-fail() { echo "FAIL: $*"; echo 0 > /logs/verifier/reward.txt; exit 0; }
+# the verdict replaces /logs/verifier whole: whatever a program under test put there (a reward.json, a
+# reward.txt turned into a directory or a symlink) is gone
+verdict() { rm -rf /logs/verifier; mkdir -p /logs/verifier; echo "$1" > /logs/verifier/reward.txt; exit 0; }
+fail() { echo "FAIL: $*"; verdict 0; }
 [ -f /app/logs.tar.gz ] || fail "/app/logs.tar.gz does not exist"
 gzip -t /app/logs.tar.gz 2>/dev/null || fail "/app/logs.tar.gz is not gzip-compressed"
 tmp=$(mktemp -d)
@@ -22,6 +26,5 @@ left=$(find /app/logs -name '*.log' | wc -l)
 [ "$(cat /app/logs/notes.txt 2>/dev/null)" = "keep me" ] || fail "/app/logs/notes.txt was removed or changed"
 
 echo PASS
-echo 1 > /logs/verifier/reward.txt
-exit 0
+verdict 1
 }

@@ -6,12 +6,16 @@
 # writes itself is overwritten by the verdict.
 {
 set -u
-export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C HOME=/tmp
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C PYTHONNOUSERSITE=1
+export HOME="$(mktemp -d)"  # fresh: nothing the agent planted in a home (site dirs, dotfiles) applies
 mkdir -p /logs/verifier
 echo 0 > /logs/verifier/reward.txt
-fail() { echo "FAIL: $*"; echo 0 > /logs/verifier/reward.txt; exit 0; }
+# the verdict replaces /logs/verifier whole: whatever a program under test put there (a reward.json, a
+# reward.txt turned into a directory or a symlink) is gone
+verdict() { rm -rf /logs/verifier; mkdir -p /logs/verifier; echo "$1" > /logs/verifier/reward.txt; exit 0; }
+fail() { echo "FAIL: $*"; verdict 0; }
 [ -f /app/settings.json ] || fail "/app/settings.json does not exist"
-python3 - <<'EOF' || fail "settings.json is wrong"
+python3 -I - <<'EOF' || fail "settings.json is wrong"
 import json, sys
 got = json.load(open("/app/settings.json"))
 want = json.load(open("/tests/expected.json"))
@@ -20,6 +24,5 @@ if got != want or any(type(got[k]) is not type(want[k]) for k in want):
 EOF
 
 echo PASS
-echo 1 > /logs/verifier/reward.txt
-exit 0
+verdict 1
 }

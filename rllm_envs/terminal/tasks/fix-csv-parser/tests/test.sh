@@ -6,15 +6,19 @@
 # writes itself is overwritten by the verdict.
 {
 set -u
-export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C HOME=/tmp
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C PYTHONNOUSERSITE=1
+export HOME="$(mktemp -d)"  # fresh: nothing the agent planted in a home (site dirs, dotfiles) applies
 mkdir -p /logs/verifier
 echo 0 > /logs/verifier/reward.txt
-fail() { echo "FAIL: $*"; echo 0 > /logs/verifier/reward.txt; exit 0; }
+# the verdict replaces /logs/verifier whole: whatever a program under test put there (a reward.json, a
+# reward.txt turned into a directory or a symlink) is gone
+verdict() { rm -rf /logs/verifier; mkdir -p /logs/verifier; echo "$1" > /logs/verifier/reward.txt; exit 0; }
+fail() { echo "FAIL: $*"; verdict 0; }
 [ -f /app/inventory/inventory.py ] || fail "/app/inventory/inventory.py is missing"
 cp /tests/hidden.csv /tmp/hidden.csv
 out=$(cd /tmp && timeout 20 python3 /app/inventory/inventory.py /tmp/hidden.csv 2>&1) || { echo "$out"; fail "program failed on another CSV"; }
 [ "$out" = "total=45.79" ] || fail "wrong total on another CSV: $out"
-(cd /tmp && timeout 20 python3 - <<'EOF') || fail "load() returns wrong rows"
+(cd /tmp && timeout 20 python3 -I - <<'EOF') || fail "load() returns wrong rows"
 import sys
 sys.path.insert(0, "/app/inventory")
 from inventory import load, total_value
@@ -26,6 +30,5 @@ assert abs(total_value(rows) - 45.79) < 1e-9
 EOF
 
 echo PASS
-echo 1 > /logs/verifier/reward.txt
-exit 0
+verdict 1
 }

@@ -6,10 +6,14 @@
 # writes itself is overwritten by the verdict.
 {
 set -u
-export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C HOME=/tmp
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C PYTHONNOUSERSITE=1
+export HOME="$(mktemp -d)"  # fresh: nothing the agent planted in a home (site dirs, dotfiles) applies
 mkdir -p /logs/verifier
 echo 0 > /logs/verifier/reward.txt
-fail() { echo "FAIL: $*"; echo 0 > /logs/verifier/reward.txt; exit 0; }
+# the verdict replaces /logs/verifier whole: whatever a program under test put there (a reward.json, a
+# reward.txt turned into a directory or a symlink) is gone
+verdict() { rm -rf /logs/verifier; mkdir -p /logs/verifier; echo "$1" > /logs/verifier/reward.txt; exit 0; }
+fail() { echo "FAIL: $*"; verdict 0; }
 [ "$(sha256sum < /app/scripts/build.sh | cut -d" " -f1)" = "6296f07ca310d63a6f7adb30390e169cd020c7648a12b42c73f00cb5ba7b37b0" ] || fail "/app/scripts/build.sh content changed"
 [ "$(sha256sum < /app/scripts/deploy.sh | cut -d" " -f1)" = "7a7b8bb839f366dd732968361b0d5fc21790cd3c7c3ae69908328738be43c113" ] || fail "/app/scripts/deploy.sh content changed"
 [ "$(sha256sum < /app/scripts/lib/helpers.sh | cut -d" " -f1)" = "ac84a3535f07862919fb4bf641127c908778e3c337cef9f24329a550bbadcf61" ] || fail "/app/scripts/lib/helpers.sh content changed"
@@ -28,6 +32,5 @@ done
 [ "$(stat -c %a /app/private)" = "700" ] || fail "/app/private mode is $(stat -c %a /app/private), not 700"
 
 echo PASS
-echo 1 > /logs/verifier/reward.txt
-exit 0
+verdict 1
 }

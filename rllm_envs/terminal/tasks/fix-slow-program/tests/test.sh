@@ -6,14 +6,18 @@
 # writes itself is overwritten by the verdict.
 {
 set -u
-export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C HOME=/tmp
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C PYTHONNOUSERSITE=1
+export HOME="$(mktemp -d)"  # fresh: nothing the agent planted in a home (site dirs, dotfiles) applies
 mkdir -p /logs/verifier
 echo 0 > /logs/verifier/reward.txt
-fail() { echo "FAIL: $*"; echo 0 > /logs/verifier/reward.txt; exit 0; }
+# the verdict replaces /logs/verifier whole: whatever a program under test put there (a reward.json, a
+# reward.txt turned into a directory or a symlink) is gone
+verdict() { rm -rf /logs/verifier; mkdir -p /logs/verifier; echo "$1" > /logs/verifier/reward.txt; exit 0; }
+fail() { echo "FAIL: $*"; verdict 0; }
 [ -f /app/seq/seq.py ] || fail "/app/seq/seq.py is missing"
 out=$(cd /tmp && timeout 3 python3 /app/seq/seq.py 500 2>&1) || fail "seq.py 500 failed or was too slow"
 [ "$out" = "139423224561697880139724382870407283950070256587697307264108962948325571622863290691557658876222521294125" ] || fail "wrong fib(500)"
-(cd /tmp && timeout 20 python3 - <<'EOF') || fail "fib() is wrong or too slow"
+(cd /tmp && timeout 20 python3 -I - <<'EOF') || fail "fib() is wrong or too slow"
 import sys, time
 sys.path.insert(0, "/app/seq")
 sys.setrecursionlimit(100000)
@@ -30,6 +34,5 @@ assert time.time() - start < 5
 EOF
 
 echo PASS
-echo 1 > /logs/verifier/reward.txt
-exit 0
+verdict 1
 }

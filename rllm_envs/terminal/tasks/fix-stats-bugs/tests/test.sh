@@ -6,16 +6,19 @@
 # writes itself is overwritten by the verdict.
 {
 set -u
-export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C HOME=/tmp
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C PYTHONNOUSERSITE=1
+export HOME="$(mktemp -d)"  # fresh: nothing the agent planted in a home (site dirs, dotfiles) applies
 mkdir -p /logs/verifier
 echo 0 > /logs/verifier/reward.txt
-fail() { echo "FAIL: $*"; echo 0 > /logs/verifier/reward.txt; exit 0; }
+# the verdict replaces /logs/verifier whole: whatever a program under test put there (a reward.json, a
+# reward.txt turned into a directory or a symlink) is gone
+verdict() { rm -rf /logs/verifier; mkdir -p /logs/verifier; echo "$1" > /logs/verifier/reward.txt; exit 0; }
+fail() { echo "FAIL: $*"; verdict 0; }
 [ -f /app/mathlib/stats.py ] || fail "/app/mathlib/stats.py is missing"
 [ "$(sha256sum < /app/mathlib/test_stats.py | cut -d' ' -f1)" = "734df37db9eabeea0f8b5f98c10881dd027c9ce5a9ae09fe91fdb7647921ea99" ] || fail "test_stats.py was modified"
 (cd /app/mathlib && timeout 30 python3 -m unittest -q test_stats) || fail "the visible tests fail"
 (cd /tmp && timeout 30 python3 /tests/hidden_test_stats.py) || fail "hidden tests fail"
 
 echo PASS
-echo 1 > /logs/verifier/reward.txt
-exit 0
+verdict 1
 }

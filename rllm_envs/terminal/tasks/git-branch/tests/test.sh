@@ -6,10 +6,14 @@
 # writes itself is overwritten by the verdict.
 {
 set -u
-export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C HOME=/tmp
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C PYTHONNOUSERSITE=1
+export HOME="$(mktemp -d)"  # fresh: nothing the agent planted in a home (site dirs, dotfiles) applies
 mkdir -p /logs/verifier
 echo 0 > /logs/verifier/reward.txt
-fail() { echo "FAIL: $*"; echo 0 > /logs/verifier/reward.txt; exit 0; }
+# the verdict replaces /logs/verifier whole: whatever a program under test put there (a reward.json, a
+# reward.txt turned into a directory or a symlink) is gone
+verdict() { rm -rf /logs/verifier; mkdir -p /logs/verifier; echo "$1" > /logs/verifier/reward.txt; exit 0; }
+fail() { echo "FAIL: $*"; verdict 0; }
 [ -d /app/project/.git ] || fail "/app/project is not a git repository (clone /app/project.bundle there)"
 # -c: the repository's own config must not run commands in the verifier (fsmonitor, hooks)
 g() { git -C /app/project -c safe.directory='*' -c core.fsmonitor=false -c core.hooksPath=/dev/null "$@"; }
@@ -22,6 +26,5 @@ tip=$(g rev-parse -q --verify refs/heads/feature/login) || fail "no branch featu
 [ "$(g show "$tip:login.txt")" = "login v1" ] || fail "login.txt content is wrong"
 
 echo PASS
-echo 1 > /logs/verifier/reward.txt
-exit 0
+verdict 1
 }
