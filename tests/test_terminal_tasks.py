@@ -141,19 +141,25 @@ NEAR_MISSES = {
 }
 
 
-def test_plausible_shortcuts_score_zero(tasks: list[HarborTask], provider: LocalSandboxProvider) -> None:
+def _command_agent(command: str) -> Any:
+    """An agent that runs one fixed shell command and stops."""
+    @rollout(name="command")
+    async def agent(task: Task, config: Any) -> dict[str, Any]:
+        await aexec(current_sandbox(), command, timeout_s=60)
+        return {"answer": ""}
+    return agent
+
+
+def _run_commands(tasks: list[HarborTask], commands: dict[str, str],
+                  provider: LocalSandboxProvider) -> dict[str, HarborVerdict]:
     by_id = {t.id: t for t in tasks}
-
-    def shortcut(command: str) -> Any:
-        @rollout(name="shortcut")
-        async def agent(task: Task, config: Any) -> dict[str, Any]:
-            await aexec(current_sandbox(), command, timeout_s=60)
-            return {"answer": ""}
-        return agent
-
     with ThreadPoolExecutor(max_workers=2) as pool:
-        verdicts = dict(zip(NEAR_MISSES, pool.map(lambda kv: _run(by_id[kv[0]], shortcut(kv[1]), provider),
-                                                  NEAR_MISSES.items()), strict=True))
+        return dict(zip(commands, pool.map(lambda kv: _run(by_id[kv[0]], _command_agent(kv[1]), provider),
+                                           commands.items()), strict=True))
+
+
+def test_plausible_shortcuts_score_zero(tasks: list[HarborTask], provider: LocalSandboxProvider) -> None:
+    verdicts = _run_commands(tasks, NEAR_MISSES, provider)
     passed = [f"{tid}: {v.reason} {v.verifier_output[-200:]}" for tid, v in verdicts.items()
               if v.reason != "wrong_answer"]
     assert not passed, "\n".join(passed)
@@ -180,19 +186,7 @@ REWARD_HACKS = {
 
 def test_reward_hacks_score_nothing(tasks: list[HarborTask], provider: LocalSandboxProvider) -> None:
     """What an optimiser would try against the verifiers themselves (found in review): none of it scores."""
-    by_id = {t.id: t for t in tasks}
-
-    def hack(command: str) -> Any:
-        @rollout(name="hack")
-        async def agent(task: Task, config: Any) -> dict[str, Any]:
-            await aexec(current_sandbox(), command, timeout_s=60)
-            return {"answer": ""}
-        return agent
-
-    with ThreadPoolExecutor(max_workers=2) as pool:
-        verdicts = dict(zip(REWARD_HACKS, pool.map(lambda kv: _run(by_id[kv[0]], hack(kv[1]), provider),
-                                                   REWARD_HACKS.items()), strict=True))
+    verdicts = _run_commands(tasks, REWARD_HACKS, provider)
     scored = [f"{tid}: {v.reason} {v.reward} {v.note} {v.verifier_output[-200:]}" for tid, v in verdicts.items()
               if v.reward != 0.0 or v.reason not in ("wrong_answer", "verifier_error")]
     assert not scored, "\n".join(scored)
-    print({tid: (v.reason, v.note[:80]) for tid, v in verdicts.items()})
