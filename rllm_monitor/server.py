@@ -11,11 +11,9 @@ other host needs a token. With a token every /api request must carry it (``Autho
 
 from __future__ import annotations
 
-import asyncio
 import errno
 import hmac
 import logging
-import threading
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
@@ -23,8 +21,8 @@ from typing import Any
 from aiohttp import web
 
 from rllm_core.errors import ConfigError
-from rllm_core.net import client_host
 from rllm_core.runs.reader import RunReader, RunReadError, find_runs
+from rllm_core.threaded_app import ThreadedApp
 from rllm_monitor.api import ApiError, ViewState, add_routes
 
 __all__ = ["LOCAL_HOSTS", "STATE", "STATIC_DIR", "ViewServer", "check_root", "make_app", "start_view_server"]
@@ -56,9 +54,6 @@ def _token_of(request: web.Request) -> str | None:
     return request.query.get("token") or request.cookies.get(COOKIE)
 
 
-LOOPBACK_NAMES = frozenset({"127.0.0.1", "localhost", "::1"})
-
-
 def _host_name(host: str) -> str:
     """'127.0.0.1:8420' → '127.0.0.1'; '[::1]:8420' → '::1'."""
     if host.startswith("["):
@@ -74,7 +69,7 @@ def make_app(root: Path, token: str | None = None) -> web.Application:
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         api = request.path.startswith("/api/")
-        if token is None and api and _host_name(request.host) not in LOOPBACK_NAMES:
+        if token is None and api and _host_name(request.host) not in LOCAL_HOSTS:
             # no token means loopback only: a web page that rebinds its own domain to 127.0.0.1 (DNS rebinding)
             # would otherwise read the runs (prompts, answers) through the browser
             return _json_error(403, f"Host {request.host!r} is not a loopback name; this server was started "
@@ -156,67 +151,38 @@ class ViewServer:
         self.root = Path(root)
         self.host = host
         self.token = token or None
-        self.url = ""
+        self._http: ThreadedApp | None = None
+
+    @property
+    def url(self) -> str:
         """Base URL, no trailing slash: ``http://127.0.0.1:8420``."""
-        self.port = 0
-        self._loop = asyncio.new_event_loop()
-        self._runner: web.AppRunner | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self._thread = threading.Thread(target=self._serve, name="rllm-view-http", daemon=True)
-        self._requested_port = 0
+        return self._http.url if self._http else ""
+
+    @property
+    def port(self) -> int:
+        return self._http.port if self._http else 0
 
     @property
     def page_url(self) -> str:
         """The URL to open in a browser (with the token, which the page then keeps in a cookie)."""
         return f"{self.url}/?token={self.token}" if self.token else f"{self.url}/"
 
-    def _serve(self) -> None:
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._loop.run_until_complete(self._start())
-        except BaseException as exc:
-            self._error = exc
-            self._ready.set()
-            return
-        self._ready.set()
-        self._loop.run_forever()
-
-    async def _start(self) -> None:
-        self._runner = web.AppRunner(make_app(self.root, self.token), access_log=None, shutdown_timeout=2)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, self._requested_port)
-        await site.start()
-        self.port = int(site._server.sockets[0].getsockname()[1])  # type: ignore[union-attr]
-        self.url = f"http://{client_host(self.host)}:{self.port}"
-
     def start(self, port: int, timeout: float = 30) -> ViewServer:
-        self._requested_port = port
-        self._thread.start()
-        if not self._ready.wait(timeout):
-            raise ConfigError(f"rllm view did not start listening on {self.host}:{port} within {timeout:.0f} s")
-        if self._error is not None:
-            self._cleanup_loop()
-            raise _listen_error(self._error, self.host, port) from None
+        self._http = ThreadedApp(lambda: make_app(self.root, self.token), self.host, port, name="rllm-view-http",
+                                 shutdown_timeout=2)
+        try:
+            self._http.start(timeout)
+        except TimeoutError:
+            raise ConfigError(f"rllm view did not start listening on {self.host}:{port} within {timeout:.0f} s") \
+                from None
+        except BaseException as exc:
+            raise _listen_error(exc, self.host, port) from None
         return self
 
     def stop(self) -> None:
         """Stop serving and join the thread. Idempotent."""
-        if self._runner is not None and self._thread.is_alive():
-            try:
-                asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(10)
-            except Exception:
-                pass
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(10)
-            self._runner = None
-        self._cleanup_loop()
-
-    def _cleanup_loop(self) -> None:
-        if self._thread.is_alive():
-            self._thread.join(5)
-        if not self._loop.is_running() and not self._loop.is_closed():
-            self._loop.close()
+        if self._http is not None:
+            self._http.stop(timeout=10)
 
     def __enter__(self) -> ViewServer:
         return self

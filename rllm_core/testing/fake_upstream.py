@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -21,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from aiohttp import web
+
+from rllm_core.threaded_app import ThreadedApp
 
 __all__ = ["FakeUpstream", "decode", "default_responder", "encode", "start_fake_upstream", "token_logprob"]
 
@@ -312,33 +313,9 @@ def start_fake_upstream(responder: Callable[[dict[str, Any]], Reply] | None = No
                         delay_s: float = 0.0) -> Iterator[FakeUpstream]:
     """Serve a FakeUpstream on 127.0.0.1:<free port> in a background thread; always stopped on exit."""
     up = FakeUpstream(responder=responder or default_responder, delay_s=delay_s)
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    runner_box: dict[str, Any] = {}
-
-    async def _start() -> None:
-        runner = web.AppRunner(up.make_app(), access_log=None)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        port = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        up.url = f"http://127.0.0.1:{port}"
-        runner_box["runner"] = runner
-        ready.set()
-
-    def _run() -> None:
-        asyncio.set_event_loop(loop)
-        loop.run_until_complete(_start())
-        loop.run_forever()
-
-    thread = threading.Thread(target=_run, name="rllm-fake-upstream", daemon=True)
-    thread.start()
-    if not ready.wait(10):
-        raise RuntimeError("fake upstream did not start within 10 s")
+    http = ThreadedApp(up.make_app, name="rllm-fake-upstream", shutdown_timeout=60).start(10)
+    up.url = http.url
     try:
         yield up
     finally:
-        asyncio.run_coroutine_threadsafe(runner_box["runner"].cleanup(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
+        http.stop(timeout=10)

@@ -23,7 +23,6 @@ import json
 import re
 import socket
 import struct
-import threading
 import time
 from collections import Counter
 from collections.abc import Awaitable, Callable, Iterator
@@ -36,6 +35,7 @@ from aiohttp import web
 from pydantic import BaseModel, Field
 
 from rllm_core.testing.fake_upstream import FakeUpstream, _prompt_ids, encode, token_logprob
+from rllm_core.threaded_app import ThreadedApp
 from rllm_core.types import Step
 
 __all__ = ["FAULT_KINDS", "CallOutcome", "CallSpec", "FaultyUpstream", "LoadReport", "fault_for", "marker_of",
@@ -152,32 +152,12 @@ def start_faulty_upstream(seed: int = 0, fault_rate: float = 0.05, stall_s: floa
     if not 0 <= fault_rate < 1:
         raise ValueError(f"fault_rate must be in [0, 1), got {fault_rate}")
     up = FaultyUpstream(seed=seed, fault_rate=fault_rate, stall_s=stall_s)
-    loop = asyncio.new_event_loop()
-    ready = threading.Event()
-    box: dict[str, Any] = {}
-
-    async def _start() -> None:
-        runner = web.AppRunner(up.make_app(), access_log=None, shutdown_timeout=0.5)
-        await runner.setup()
-        site = web.TCPSite(runner, "127.0.0.1", 0)
-        await site.start()
-        up.url = f"http://127.0.0.1:{site._server.sockets[0].getsockname()[1]}"  # type: ignore[union-attr]
-        box["runner"] = runner
-        ready.set()
-
-    thread = threading.Thread(target=lambda: (loop.run_until_complete(_start()), loop.run_forever()),
-                              name="rllm-faulty-upstream", daemon=True)
-    thread.start()
-    if not ready.wait(10):
-        raise RuntimeError("faulty upstream did not start within 10 s")
+    http = ThreadedApp(up.make_app, name="rllm-faulty-upstream", shutdown_timeout=0.5).start(10)
+    up.url = http.url
     try:
         yield up
     finally:
-        asyncio.run_coroutine_threadsafe(box["runner"].cleanup(), loop).result(15)
-        asyncio.run_coroutine_threadsafe(_cancel_rest(), loop).result(10)
-        loop.call_soon_threadsafe(loop.stop)
-        thread.join(10)
-        loop.close()
+        http.stop(timeout=15, last=_cancel_rest)
 
 
 async def _cancel_rest() -> None:

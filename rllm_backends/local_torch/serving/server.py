@@ -6,19 +6,16 @@ tests and the trainer. `update_weights` is the in-process weight sync (no restar
 
 from __future__ import annotations
 
-import asyncio
-import threading
 from collections.abc import Mapping
 from typing import Any
 
 import torch
-from aiohttp import web
 
 from rllm_backends.local_torch.serving.app import make_app
 from rllm_backends.local_torch.serving.engine import DecodeEngine
 from rllm_backends.local_torch.serving.models import LoadedModel, load_model
 from rllm_core.errors import ConfigError
-from rllm_core.net import client_host
+from rllm_core.threaded_app import ThreadedApp
 
 __all__ = ["RunningPolicyServer", "start_policy_server"]
 
@@ -30,12 +27,13 @@ class RunningPolicyServer:
         self.engine = engine
         self.model_name = model_name
         self.host = host
-        self._loop = asyncio.new_event_loop()
-        self._runner: web.AppRunner | None = None
-        self._ready = threading.Event()
-        self._error: BaseException | None = None
-        self.url = ""
-        self._thread = threading.Thread(target=self._serve, args=(port,), name="rllm-policy-http", daemon=True)
+        self._http = ThreadedApp(lambda: make_app(self.engine, self.model_name), host, port, name="rllm-policy-http",
+                                 handler_cancellation=True)
+
+    @property
+    def url(self) -> str:
+        """``http://<host>:<port>``, set once listening."""
+        return self._http.url
 
     @property
     def base_url(self) -> str:
@@ -67,48 +65,20 @@ class RunningPolicyServer:
         return UpstreamConfig(url=self.base_url, inject_token_ids=True, exact_turns=True)
 
     # ------------------------------------------------------------------ lifecycle
-    def _serve(self, port: int) -> None:
-        asyncio.set_event_loop(self._loop)
-        try:
-            self._loop.run_until_complete(self._start(port))
-        except BaseException as exc:
-            self._error = exc
-            self._ready.set()
-            return
-        self._ready.set()
-        self._loop.run_forever()
-
-    async def _start(self, port: int) -> None:
-        self._runner = web.AppRunner(make_app(self.engine, self.model_name), access_log=None,
-                                     handler_cancellation=True, shutdown_timeout=5)
-        await self._runner.setup()
-        site = web.TCPSite(self._runner, self.host, port)
-        await site.start()
-        bound = site._server.sockets[0].getsockname()[1]  # type: ignore[union-attr]
-        self.url = f"http://{client_host(self.host)}:{bound}"
-
     def start(self, timeout: float = 30) -> RunningPolicyServer:
         self.engine.start()
-        self._thread.start()
-        if not self._ready.wait(timeout) or self._error is not None:
+        try:
+            self._http.start(timeout)
+        except BaseException as exc:
             self.engine.stop()
-            raise ConfigError(f"the policy server could not listen on {self.host}: {self._error}; "
-                              "choose another --port (0 picks a free one)")
+            raise ConfigError(f"the policy server could not listen on {self.host}: {exc}; "
+                              "choose another --port (0 picks a free one)") from None
         return self
 
     def stop(self) -> None:
         """End the running requests (they get an error), stop accepting new ones, stop both threads. Idempotent."""
         self.engine.stop()
-        if self._runner is not None and self._thread.is_alive():
-            try:
-                asyncio.run_coroutine_threadsafe(self._runner.cleanup(), self._loop).result(15)
-            except Exception:
-                pass
-            self._loop.call_soon_threadsafe(self._loop.stop)
-            self._thread.join(15)
-            self._runner = None
-        if not self._loop.is_running() and not self._loop.is_closed():
-            self._loop.close()
+        self._http.stop(timeout=15)
 
     def __enter__(self) -> RunningPolicyServer:
         return self
