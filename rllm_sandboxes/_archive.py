@@ -25,7 +25,7 @@ import time
 import uuid
 from collections.abc import Callable, Mapping
 from pathlib import Path
-from typing import TypeVar
+from typing import Self, TypeVar
 
 from rllm_core.sandbox import EnvironmentSpec, ExecResult, SandboxError
 
@@ -222,6 +222,15 @@ class RemoteSandbox:
             raise SandboxError(f"{self.provider} sandbox {self.id}: {what} failed (exit {result.exit_code}): "
                                f"{result.output.strip()[-2000:]}")
         return result
+
+    def ready(self) -> Self:
+        """`prepare()`d, or closed (never leaked) when preparing fails; returns the sandbox itself."""
+        try:
+            self.prepare()
+        except BaseException:
+            self.close()
+            raise
+        return self
 
     def prepare(self) -> None:
         """Create the working directory and place the files of `environment/` (all but the Dockerfile) in it,

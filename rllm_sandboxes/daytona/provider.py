@@ -110,10 +110,4 @@ class DaytonaProvider:
             raise
         except Exception as exc:
             raise SandboxError(f"task {spec.name}: could not start a Daytona sandbox: {exc}") from exc
-        sandbox = DaytonaSandbox(self.client, sb, spec)
-        try:
-            sandbox.prepare()
-        except BaseException:
-            sandbox.close()
-            raise
-        return sandbox
+        return DaytonaSandbox(self.client, sb, spec).ready()

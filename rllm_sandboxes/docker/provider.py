@@ -178,10 +178,4 @@ class DockerProvider:
             container = self.client.containers.run(image, **self.run_options(spec))
         except Exception as exc:
             raise SandboxError(f"task {spec.name}: could not start a container of {image}: {exc}") from exc
-        sandbox = DockerSandbox(container, spec)
-        try:
-            sandbox.prepare()
-        except BaseException:
-            sandbox.close()
-            raise
-        return sandbox
+        return DockerSandbox(container, spec).ready()

@@ -136,10 +136,4 @@ class ModalProvider:
             raise
         except Exception as exc:
             raise SandboxError(f"task {spec.name}: could not start a Modal sandbox: {exc}") from exc
-        sandbox = ModalSandbox(sb, spec)
-        try:
-            sandbox.prepare()
-        except BaseException:
-            sandbox.close()
-            raise
-        return sandbox
+        return ModalSandbox(sb, spec).ready()
