@@ -16,9 +16,8 @@ from rllm_core.eval.runner import EvalOptions, run_eval
 from rllm_core.io import read_jsonl
 from rllm_core.runs import FORMAT, RunReader, index_path
 from rllm_core.testing.fake_upstream import FakeUpstream, start_fake_upstream
-from rllm_core.training.config import TrainConfig
 from rllm_core.training.loop import train
-from rllm_core.training.testing import YesNoBenchmark, alternating_responder
+from rllm_core.training.testing import YesNoBenchmark, alternating_responder, yesno_config
 from rllm_core.types import Episode
 
 
@@ -28,12 +27,7 @@ def upstream() -> Iterator[FakeUpstream]:
         yield up
 
 
-def _config(tmp_path: Path, **kw: object) -> TrainConfig:
-    base: dict[str, object] = {"benchmark": "yesno", "batch_size": 2, "group_size": 2, "max_steps": 3,
-                               "save_every": 2, "eval_examples": 2, "output": str(tmp_path / "run"),
-                               "max_tokens": 8, "concurrency": 4}
-    base.update(kw)
-    return TrainConfig(**base)  # type: ignore[arg-type]
+_config = yesno_config
 
 
 def test_a_train_run_writes_the_format_and_reads_back(tmp_path: Path, upstream: FakeUpstream) -> None:

@@ -23,7 +23,7 @@ from rllm_core.training.checkpoints import latest_checkpoint
 from rllm_core.training.config import TrainConfig, load_config
 from rllm_core.training.loop import sample_tasks, train
 from rllm_core.training.rundir import RunDir
-from rllm_core.training.testing import YesNoBenchmark, alternating_responder
+from rllm_core.training.testing import YesNoBenchmark, alternating_responder, yesno_config
 
 
 @pytest.fixture
@@ -32,12 +32,7 @@ def upstream() -> Iterator[FakeUpstream]:
         yield up
 
 
-def _config(tmp_path: Path, **kw: object) -> TrainConfig:
-    base: dict[str, object] = {"benchmark": "yesno", "batch_size": 2, "group_size": 2, "max_steps": 3,
-                               "save_every": 2, "eval_examples": 2, "output": str(tmp_path / "run"),
-                               "max_tokens": 8, "concurrency": 4}
-    base.update(kw)
-    return TrainConfig(**base)  # type: ignore[arg-type]
+_config = yesno_config
 
 
 def test_loop_writes_the_run_directory(tmp_path: Path, upstream: FakeUpstream) -> None:

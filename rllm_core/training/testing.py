@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import json
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 from rllm_core.benchmarks.base import Benchmark
 from rllm_core.rewards.types import RewardResult
 from rllm_core.types import Task
 
-__all__ = ["YesNoBenchmark", "alternating_responder"]
+__all__ = ["YesNoBenchmark", "alternating_responder", "yesno_config"]
 
 
 class YesNoBenchmark(Benchmark):
@@ -50,3 +51,14 @@ def alternating_responder() -> Any:
         return "yes" if calls[key] % 2 == 1 else "no"
 
     return respond
+
+
+def yesno_config(tmp_path: Path, **overrides: Any) -> Any:
+    """A TrainConfig for short loop tests on YesNoBenchmark: 2 tasks × 2 attempts, 3 steps, 8 tokens, run dir
+    `tmp_path/run`; `overrides` replace any of it."""
+    from rllm_core.training.config import TrainConfig
+
+    base: dict[str, Any] = {"benchmark": "yesno", "batch_size": 2, "group_size": 2, "max_steps": 3,
+                            "save_every": 2, "eval_examples": 2, "output": str(tmp_path / "run"),
+                            "max_tokens": 8, "concurrency": 4}
+    return TrainConfig(**{**base, **overrides})
