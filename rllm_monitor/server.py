@@ -54,13 +54,6 @@ def _token_of(request: web.Request) -> str | None:
     return request.query.get("token") or request.cookies.get(COOKIE)
 
 
-def _host_name(host: str) -> str:
-    """'127.0.0.1:8420' → '127.0.0.1'; '[::1]:8420' → '::1'."""
-    if host.startswith("["):
-        return host[1:].split("]", 1)[0]
-    return host.rsplit(":", 1)[0] if host.count(":") == 1 else host
-
-
 def make_app(root: Path, token: str | None = None) -> web.Application:
     """The view application for the runs under `root` (a run folder or a folder of runs)."""
     state = ViewState(Path(root))
@@ -69,7 +62,7 @@ def make_app(root: Path, token: str | None = None) -> web.Application:
     @web.middleware
     async def guard(request: web.Request, handler: Handler) -> web.StreamResponse:
         api = request.path.startswith("/api/")
-        if token is None and api and _host_name(request.host) not in LOCAL_HOSTS:
+        if token is None and api and request.url.host not in LOCAL_HOSTS:
             # no token means loopback only: a web page that rebinds its own domain to 127.0.0.1 (DNS rebinding)
             # would otherwise read the runs (prompts, answers) through the browser
             return _json_error(403, f"Host {request.host!r} is not a loopback name; this server was started "
