@@ -76,6 +76,9 @@ class PolicyEndpoint:
     """Ask the servers for token ids and logprobs (None: auto, on for loopback servers)."""
     exact_turns: bool = False
     """The servers take `rllm_continue` hints (rllm's policy server): multi-turn prompts stay token-exact."""
+    role_models: dict[str, str] = field(default_factory=dict)
+    """With a policy per role (--roles): role → the model name its calls are sent with ('*': other roles). The
+    gateway rewrites each call's `model` by the calling agent's role, so the agent's own code never changes."""
 
     @property
     def upstream_urls(self) -> tuple[str, ...]:
@@ -86,7 +89,8 @@ class PolicyEndpoint:
         from rllm_core.gateway.config import UpstreamConfig
 
         return [UpstreamConfig(url=u, api_key=self.api_key, inject_token_ids=self.inject_token_ids,
-                               exact_turns=self.exact_turns) for u in self.upstream_urls]
+                               exact_turns=self.exact_turns, role_models=self.role_models)
+                for u in self.upstream_urls]
 
 
 @dataclass(frozen=True)
@@ -98,6 +102,8 @@ class BackendCapabilities:
     kl_types: frozenset[str] = frozenset({"k1", "k3"})
     """KL-to-reference estimators it can add as a loss term (empty: --kl-coef must stay 0)."""
     lora: bool = True
+    role_adapters: bool = False
+    """It can train a LoRA adapter per role in one step and serve them all, picked per request (--roles)."""
     recompute_old_logprobs: bool = True
     devices: frozenset[str] = frozenset({"cpu", "cuda"})
     """Values of --device it accepts (device type, before any ':N')."""
@@ -125,6 +131,9 @@ def check_capabilities(config: TrainConfig, caps: BackendCapabilities, backend: 
         refuse("kl_type", config.kl_type, ", ".join(sorted(caps.kl_types)) or "no KL term: --kl-coef 0")
     if config.lora_rank > 0 and not caps.lora:
         refuse("lora_rank", config.lora_rank, "0, full fine-tuning")
+    if config.roles and not caps.role_adapters:
+        refuse("roles", ",".join(f"{r}={s}" for r, s in config.roles.items()),
+               "none: it trains one policy that every role shares")
     if config.recompute_old_logprobs and not caps.recompute_old_logprobs:
         refuse("recompute_old_logprobs", "on", "off")
     if config.device.split(":", 1)[0] not in caps.devices:

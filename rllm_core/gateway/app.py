@@ -250,6 +250,8 @@ class _Gateway:
             return _error(400, str(exc))
         if endpoint == "chat" and up.config.exact_turns and (hint := self.turns.hint(sid, call.body)) is not None:
             sent = _json.dumps({**_json.loads(sent), "rllm_continue": hint})  # the server continues exactly
+        if (model := up.config.model_for(call.agent)) is not None:  # a policy per role: the role's adapter
+            sent = _json.dumps({**_json.loads(sent), "model": model})
         up.in_flight += 1
         try:
             return await self._forward(request, up, tail, sid, call, sent)

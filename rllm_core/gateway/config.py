@@ -31,6 +31,17 @@ class UpstreamConfig(BaseModel):
     timeout_s: float = 600.0
     tokenizer: str | None = None
     """Hugging Face tokenizer path used to retokenize replies from an upstream that returns no token ids."""
+    role_models: dict[str, str] = Field(default_factory=dict)
+    """Agent role → the model name sent upstream for its calls ('*': any other role), e.g. each role's LoRA
+    adapter on rllm's policy server. Empty: the client's model name is sent unchanged."""
+
+    def model_for(self, agent: str | None) -> str | None:
+        """The model name to send for a call by `agent` (`solver#1` plays role `solver`), or None: unchanged."""
+        if not self.role_models:
+            return None
+        from rllm_core.training.roles import role_of_agent
+
+        return self.role_models.get(role_of_agent(agent or ""), self.role_models.get("*"))
 
     @field_validator("url")
     @classmethod

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from rllm_core.algorithms.names import AGG_MODES, ESTIMATORS, LOSSES, REJECTION_MODES, requires_groups
 from rllm_core.errors import ConfigError
+from rllm_core.training.roles import check_policy_spec, parse_role_map
 
 __all__ = ["TrainConfig", "load_config"]
 
@@ -29,9 +30,10 @@ class TrainConfig(BaseModel):
     """'module:function' rollout to train instead of the benchmark's default agent."""
     sandbox: str | None = None
     """Sandbox provider of sandboxed benchmarks (terminal, harbor:PATH): local, docker, modal, daytona."""
-    workflow: Literal["default", "none"] = "default"
-    """'default': the benchmark grades each episode; 'none': the agent scores itself (Episode.reward or
-    artifacts['reward']) and the benchmark only supplies tasks."""
+    workflow: str = "default"
+    """A built-in multi-agent workflow to train, graded by the benchmark: solver-judge | refinement | self-debate
+    (options in the name: 'solver-judge:n_solvers=3'). Or 'default': the benchmark's agent (or --agent), graded by
+    the benchmark; 'none': --agent scores itself (Episode.reward or artifacts['reward'])."""
     train_split: str = "train"
     """Split the training tasks come from."""
     val_split: str = "test"
@@ -63,7 +65,12 @@ class TrainConfig(BaseModel):
     """LoRA scaling numerator (the update is scaled by lora_alpha / lora_rank)."""
     # algorithm
     algo: str | dict[str, str] = "grpo"
-    """Advantage estimator, or a map role → estimator (YAML only), '*' the fallback role."""
+    """Advantage estimator, or one per role: 'solver=grpo,judge=reinforce' ('*': every other role)."""
+    role_weights: dict[str, float] = Field(default_factory=dict)
+    """Per-role advantage weights, 'solver=1,judge=0.5' (roles not named: 1; 0: the role is not trained)."""
+    roles: dict[str, str] = Field(default_factory=dict)
+    """A policy per role, 'debater=lora:debater,moderator=lora:moderator': each named role trains its own LoRA
+    adapter on the frozen base model (rank --lora-rank, 16 if unset), served by name; other roles share one."""
     loss: str = "ppo"
     """Policy loss: ppo | importance_sampling | gspo."""
     agg: str = "token-mean"
@@ -162,6 +169,44 @@ class TrainConfig(BaseModel):
             return list(dict.fromkeys(str(v).strip() for v in value if str(v).strip()))
         return value
 
+    @field_validator("algo", "role_weights", "roles", mode="before")
+    @classmethod
+    def _role_maps(cls, value: Any, info: Any) -> Any:
+        """The command line's 'role=value,role=value' is the YAML mapping."""
+        return parse_role_map(value, "estimator" if info.field_name == "algo" else info.field_name)
+
+    @field_validator("roles")
+    @classmethod
+    def _policies(cls, roles: dict[str, str]) -> dict[str, str]:
+        for role, spec in roles.items():
+            check_policy_spec(role, spec)
+        return roles
+
+    @field_validator("role_weights")
+    @classmethod
+    def _weights(cls, weights: dict[str, float]) -> dict[str, float]:
+        bad = {r: w for r, w in weights.items() if not (w >= 0 and w == w)}
+        if bad:
+            raise ValueError(f"role weights must be ≥ 0, got {bad}")
+        return weights
+
+    @field_validator("workflow")
+    @classmethod
+    def _workflow(cls, name: str) -> str:
+        if name in ("default", "none"):
+            return name
+        from rllm_core.workflows import WORKFLOWS
+
+        if name.partition(":")[0].strip().replace("_", "-").lower() not in WORKFLOWS:
+            raise ValueError(f"unknown workflow {name!r}; choose one of {', '.join(sorted(WORKFLOWS))}, or "
+                             "'default' / 'none' (see --help)")
+        return name
+
+    @property
+    def named_workflow(self) -> str | None:
+        """The built-in workflow to train (solver-judge, ...), or None for the benchmark's agent / --agent."""
+        return None if self.workflow in ("default", "none") else self.workflow
+
     @model_validator(mode="after")
     def _check(self) -> TrainConfig:
         estimators = [self.algo] if isinstance(self.algo, str) else list(self.algo.values())
@@ -182,6 +227,8 @@ class TrainConfig(BaseModel):
                              "backend that trains on a Ray cluster (--backend verl): add one, or drop --ray-address")
         if self.workflow == "none" and not self.agent:
             raise ValueError("workflow 'none' runs your agent as the whole episode: pass --agent module:function")
+        if self.named_workflow and self.agent:
+            raise ValueError(f"give either --workflow {self.workflow} or --agent {self.agent}, not both")
         return self
 
     def dump_yaml(self, path: str | Path) -> None:

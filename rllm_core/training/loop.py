@@ -34,9 +34,10 @@ from rllm_core.training.config import TrainConfig, load_config
 from rllm_core.training.display import TrainDisplay
 from rllm_core.training.metrics import PhaseTimer, episode_metrics
 from rllm_core.training.packing import pack_groups
+from rllm_core.training.roles import check_recorded_roles, weigh_advantages
 from rllm_core.training.rollouts import RolloutStage
 from rllm_core.training.rundir import RunDir
-from rllm_core.training.setup import apply_benchmark_defaults, resolve_benchmark, resolve_rollout
+from rllm_core.training.setup import apply_benchmark_defaults, per_role_options, resolve_benchmark, resolve_rollout
 from rllm_core.types import Episode, Task, group_trajectories
 
 __all__ = ["TrainResult", "atrain", "sample_tasks", "train"]
@@ -81,6 +82,8 @@ class _Stages:
     train_tasks: Sequence[Task]
     val_tasks: list[Task]
     updated_unsaved: bool = False
+    roles_checked: bool = False
+    """Per-role options are checked against the roles the first step's episodes played (`check_recorded_roles`)."""
     """True between a step's update and its metrics being logged (a failure then leaves no clean state)."""
 
     async def train_step(self, step: int, display: TrainDisplay) -> dict[str, Any]:
@@ -95,10 +98,16 @@ class _Stages:
                 tasks = sample_tasks(self.train_tasks, config.batch_size, config.seed, step)
                 episodes = await self.rollouts.run(tasks, attempts=config.group_size)
             metrics.update(episode_metrics(episodes))
+            if not self.roles_checked:  # the first step shows which roles the agent plays
+                rollout = self.rollouts.rollout
+                check_recorded_roles(episodes, per_role_options(config), f"agent {rollout.name!r}",
+                                     declared=getattr(rollout, "roles", ()))
+                self.roles_checked = True
             groups, filter_metrics = filter_groups(group_trajectories(episodes), config.rejection, episodes)
             metrics.update(filter_metrics)
-            rows, pack_metrics = pack_groups(groups, group_advantages(groups, config.algo),
-                                             max_tokens=config.max_seq_len, overlong=config.overlong)
+            advantages = weigh_advantages(group_advantages(groups, config.algo), groups, config.role_weights)
+            rows, pack_metrics = pack_groups(groups, advantages, max_tokens=config.max_seq_len,
+                                             overlong=config.overlong)
             metrics.update(pack_metrics)
             _warn_if_turns_split(pack_metrics)
             if not any(r.num_trained_tokens for r in rows):
@@ -149,7 +158,7 @@ class _Stages:
         return metrics
 
 
-_FIXED_ON_RESUME = ("model", "lora_rank", "backend")
+_FIXED_ON_RESUME = ("model", "lora_rank", "backend", "roles")
 """Options that decide the shape of the checkpointed weights: a resume cannot change them."""
 
 _STREAM_ON_RESUME = ("batch_size", "group_size", "seed")

@@ -11,7 +11,7 @@ from contextlib import contextmanager
 
 from rllm_core.types import Episode
 
-__all__ = ["PhaseTimer", "episode_metrics"]
+__all__ = ["PhaseTimer", "episode_metrics", "role_metrics"]
 
 
 def episode_metrics(episodes: Sequence[Episode], prefix: str = "") -> dict[str, float]:
@@ -35,6 +35,27 @@ def episode_metrics(episodes: Sequence[Episode], prefix: str = "") -> dict[str, 
     }
     for reason, count in Counter(e.reward_reason or "unscored" for e in episodes).items():
         out[f"{prefix}reason/{reason}"] = count / n
+    out.update(role_metrics(episodes, prefix))
+    return out
+
+
+def role_metrics(episodes: Sequence[Episode], prefix: str = "") -> dict[str, float]:
+    """Per role of a multi-agent episode (solver, judge, ...): mean reward, accuracy (reward ≥ 1: a judge that
+    picked a correct answer), trajectories and LLM calls per episode. Empty for one-trajectory rollouts."""
+    by_role: dict[str, list[tuple[float, int]]] = {}
+    for ep in episodes:
+        for traj in ep.trajectories:
+            reward = traj.reward if traj.reward is not None else (ep.reward or 0.0)
+            by_role.setdefault(traj.name, []).append((float(reward), len(traj.steps)))
+    if len(by_role) < 2:
+        return {}
+    out: dict[str, float] = {}
+    for role, vals in by_role.items():
+        rewards = [r for r, _ in vals]
+        out[f"{prefix}role/{role}/reward_mean"] = statistics.fmean(rewards)
+        out[f"{prefix}role/{role}/accuracy"] = statistics.fmean(1.0 if r >= 1.0 else 0.0 for r in rewards)
+        out[f"{prefix}role/{role}/trajectories"] = float(len(vals))
+        out[f"{prefix}role/{role}/llm_calls_mean"] = statistics.fmean(float(s) for _, s in vals)
     return out
 
 

@@ -43,6 +43,8 @@ class TrainRow(BaseModel):
     """The sampling temperature of the row's steps (None: not recorded; the backend's configured one)."""
     group_id: str = ""
     trajectory_id: str = ""
+    role: str = ""
+    """The trajectory's role (its name): with --roles it picks the LoRA adapter the row trains."""
     policy_version: int | None = None
     """The oldest policy version among the merged steps (how stale the row is)."""
     num_steps: int = 1
@@ -111,6 +113,7 @@ def pack_trajectory(
     advantage: float,
     *,
     group_id: str = "",
+    role: str | None = None,
     max_tokens: int | None = None,
     overlong: OverlongRule = "truncate",
 ) -> tuple[list[TrainRow], dict[str, float]]:
@@ -144,6 +147,7 @@ def pack_trajectory(
         rows.append(TrainRow(
             tokens=tokens, loss_mask=mask, sampling_logprobs=lps,
             advantages=[advantage * m for m in mask], group_id=group_id, trajectory_id=trajectory.id,
+            role=trajectory.name if role is None else role,
             policy_version=min(b.versions) if b.versions else None, num_steps=b.num_steps,
             temperature=b.temperature,
         ))
@@ -162,7 +166,7 @@ def pack_groups(
     totals: dict[str, float] = {}
     for g in groups:
         for traj in g.trajectories:
-            r, m = pack_trajectory(traj, advantages.get(traj.id, 0.0), group_id=g.group_id,
+            r, m = pack_trajectory(traj, advantages.get(traj.id, 0.0), group_id=g.group_id, role=g.role,
                                    max_tokens=max_tokens, overlong=overlong)
             rows += r
             for k, v in m.items():

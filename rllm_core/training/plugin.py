@@ -40,8 +40,8 @@ _PANELS: dict[str, tuple[str, ...]] = {
     "What to train on": ("agent", "workflow", "sandbox", "train_split", "val_split", "data_dir", "max_train_examples"),
     "Model and backend": ("model", "backend", "device", "n_gpus", "nnodes", "bf16", "gradient_checkpointing",
                           "lora_rank", "lora_alpha"),
-    "Algorithm": ("algo", "loss", "agg", "clip_low", "clip_high", "clip_c", "kl_coef", "kl_type", "rejection",
-                  "recompute_old_logprobs"),
+    "Algorithm": ("algo", "role_weights", "roles", "loss", "agg", "clip_low", "clip_high", "clip_c", "kl_coef",
+                  "kl_type", "rejection", "recompute_old_logprobs"),
     "Batch and sampling": ("group_size", "batch_size", "micro_batch_size", "max_seq_len", "overlong", "temperature",
                            "top_p", "max_tokens", "concurrency", "episode_timeout_s"),
     "Distributed (Ray)": ("rollout_workers", "ray_address"),
@@ -49,6 +49,13 @@ _PANELS: dict[str, tuple[str, ...]] = {
 }
 """Help panels of `rllm train --help`: some 50 options in one table are hard to scan, and one table takes the
 width of its longest flag for every row. Options not listed land in "Run, validation and checkpoints"."""
+
+
+_ALIASES: dict[str, tuple[str, ...]] = {"algo": ("--estimator",)}
+"""Second flag names: `--estimator solver=grpo,judge=reinforce` reads better for a per-role map than --algo."""
+
+_MAP_FLAGS = ("role_weights", "roles")
+"""Mapping options that also have a flag, written `role=value,role=value` (other mappings: config files only)."""
 
 
 def _panel(name: str) -> str:
@@ -60,11 +67,13 @@ def _option(name: str) -> inspect.Parameter:
     typ = _cli_type(field.annotation)
     flag = "--" + name.replace("_", "-")
     decl = f"{flag}/--no-{name.replace('_', '-')}" if typ is bool else flag
+    aliases = _ALIASES.get(name, ())
     help_text = (field.description or "").replace("\n", " ")
-    if field.default is not None:  # "(default: None)" says nothing: such options are simply off unless given
-        help_text = f"{help_text} [default: {field.default}]"
+    default = field.get_default(call_default_factory=True)
+    if default not in (None, {}, []):  # "(default: None)" says nothing: such options are simply off unless given
+        help_text = f"{help_text} [default: {default}]"
     choices = typing.get_args(field.annotation) if typing.get_origin(field.annotation) is Literal else ()
-    opt = typer.Option(None, decl, help=escape(help_text.strip()), show_default=False,  # help is rich markup
+    opt = typer.Option(None, decl, *aliases, help=escape(help_text.strip()), show_default=False,  # rich markup
                        rich_help_panel=_panel(name), metavar="|".join(choices) or None)
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=typ | None)
 
@@ -158,8 +167,9 @@ def _make_command() -> Any:
                                                            "unless WANDB_MODE=online, rllm[wandb]), or a plugin's "
                                                            "(`rllm plugins`). metrics.jsonl is always written."))),
     ]
-    options = [_option(n) for n, f in TrainConfig.model_fields.items()  # maps: config files only; lists: above
-               if n not in ("benchmark", "loggers") and typing.get_origin(f.annotation) is not dict]
+    options = [_option(n) for n, f in TrainConfig.model_fields.items()  # most maps: config files; lists: above
+               if n not in ("benchmark", "loggers")
+               and (typing.get_origin(f.annotation) is not dict or n in _MAP_FLAGS)]
 
     def train_command(**kwargs: Any) -> None:
         """Train a model with RL on a benchmark (GRPO on the embedded SmolLM2-135M by default)."""

@@ -10,8 +10,10 @@ from rllm_core.errors import ConfigError
 from rllm_core.eval.agent import load_agent
 from rllm_core.rollout import Rollout
 from rllm_core.training.config import TrainConfig, load_config
+from rllm_core.training.roles import check_role_names
 
-__all__ = ["apply_benchmark_defaults", "load_agent", "resolve_benchmark", "resolve_rollout"]
+__all__ = ["apply_benchmark_defaults", "check_declared_roles", "load_agent", "per_role_options", "resolve_benchmark",
+           "resolve_rollout"]
 
 log = logging.getLogger("rllm.train")
 
@@ -33,14 +35,33 @@ def resolve_benchmark(config: TrainConfig, benchmark: Any = None) -> Any:
 def resolve_rollout(config: TrainConfig, benchmark: Any) -> Rollout:
     """--agent when given (a 'module:function', or a name the benchmark knows), else the benchmark's default
     rollout; wrapped by the benchmark (a sandboxed one runs each episode in a `--sandbox` sandbox)."""
-    if config.agent:
+    if config.named_workflow:
+        from rllm_core.workflows import get_workflow
+
+        rollout = get_workflow(config.named_workflow)
+    elif config.agent:
         lookup = getattr(benchmark, "named_agent", None)
         named = lookup(config.agent) if lookup is not None and ":" not in config.agent else None
         rollout = named or load_agent(config.agent)
     else:
         rollout = benchmark.default_rollout()
+    check_declared_roles(config, rollout)
     wrap = getattr(benchmark, "wrap_rollout", None)
     return wrap(rollout, sandbox=config.sandbox) if wrap is not None else rollout
+
+
+def per_role_options(config: TrainConfig) -> dict[str, dict[str, Any]]:
+    """The per-role options that name roles: estimator (when a map), role_weights, roles."""
+    options: dict[str, dict[str, Any]] = {"estimator": config.algo} if isinstance(config.algo, dict) else {}
+    return {**options, "role_weights": config.role_weights, "roles": config.roles}
+
+
+def check_declared_roles(config: TrainConfig, rollout: Rollout) -> None:
+    """A workflow that declares its roles (the built-in ones do) gets its per-role options checked now, before
+    any model loads; a user's agent is checked once its first episodes show which roles it has."""
+    declared = getattr(rollout, "roles", None)
+    if declared:
+        check_role_names(per_role_options(config), declared, f"workflow {rollout.name!r}")
 
 
 def apply_benchmark_defaults(config: TrainConfig, benchmark: Any) -> tuple[TrainConfig, dict[str, Any]]:

@@ -54,4 +54,4 @@ def self_debate(n_agents: int = 2, rounds: int = 2) -> RoleRollout:
         roles["moderator"] = {"role": "moderator", "answer": final}
         return {"answer": final, "transcript": transcript, ROLES_KEY: roles}
 
-    return RoleRollout(run, name="self_debate")
+    return RoleRollout(run, name="self_debate", roles=("debater", "moderator"))

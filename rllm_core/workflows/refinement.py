@@ -68,4 +68,4 @@ def iterative_refinement(rounds: int = 1) -> RoleRollout:
                 roles[agent_name("solver", r)] = {"role": "solver", "answer": answer, "turn": r}
         return {"answer": answer, "rounds": history, ROLES_KEY: roles}
 
-    return RoleRollout(run, name="refinement")
+    return RoleRollout(run, name="refinement", roles=("solver", "critic"))

@@ -36,7 +36,12 @@ def assign_roles(episode: Episode) -> Episode:
 
 
 class RoleRollout(Rollout):
-    """A rollout whose trajectories are renamed from agent names to roles once the episode is built."""
+    """A rollout whose trajectories are renamed from agent names to roles once the episode is built. `roles` names
+    the roles it plays, so per-role options (--estimator, --roles) can be checked before anything runs."""
+
+    def __init__(self, fn: Any, name: str | None = None, roles: tuple[str, ...] = ()) -> None:
+        super().__init__(fn, name=name)
+        self.roles = tuple(roles)
 
     async def arun(self, task: Task | dict[str, Any], **kwargs: Any) -> Episode:  # type: ignore[override]
         return assign_roles(await super().arun(task, **kwargs))

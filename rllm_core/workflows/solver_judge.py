@@ -64,4 +64,4 @@ def solver_judge(n_solvers: int = 2) -> RoleRollout:
                           "verdict": verdict.text}
         return {"answer": chosen, "candidates": answers, "pick": pick, ROLES_KEY: roles}
 
-    return RoleRollout(run, name="solver_judge")
+    return RoleRollout(run, name="solver_judge", roles=("solver", "judge"))
