@@ -4,6 +4,9 @@ Handlers only validate, tokenize, submit and relay: decoding happens on the engi
 come back to the event loop through `call_soon_threadsafe`, so the loop never blocks on the model. A client
 that disconnects cancels its request (aiohttp's handler cancellation, or a failed write while streaming),
 and the engine frees its rows before the next decode step.
+
+A peft model with LoRA adapters is served under its own name and under each adapter's name: the request's
+`model` picks the adapter (`_route`), any other name gets the server's default adapter (None: the base weights).
 """
 
 from __future__ import annotations
@@ -30,8 +33,9 @@ from rllm_backends.local_torch.serving.responses import ChoiceResult, ResponseBu
 from rllm_backends.local_torch.serving.responses_api import ResponsesBuilder, stream_response
 from rllm_backends.local_torch.serving.sequence import GenerationRequest, TokenEvent
 from rllm_core.capture.responses import chat_tools, input_to_messages
+from rllm_core.errors import ConfigError
 
-__all__ = ["MODEL_ALIASES", "make_app"]
+__all__ = ["MODEL_ALIASES", "check_default_adapter", "engine_adapters", "make_app"]
 
 log = logging.getLogger("rllm.serving.app")
 
@@ -42,10 +46,12 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 16  # OpenAI's and vLLM's default for /v1/compl
 
 
 class _Handlers:
-    def __init__(self, engine: DecodeEngine, model_name: str) -> None:
+    def __init__(self, engine: DecodeEngine, model_name: str, default_adapter: str | None = None) -> None:
         self.engine = engine
         self.tokenizer = engine.loaded.tokenizer
         self.model_name = model_name
+        self.adapters: tuple[str, ...] = engine_adapters(engine)
+        self.default_adapter = default_adapter
         self.ctx = engine.loaded.context_length
         template = getattr(self.tokenizer, "chat_template", None) or ""
         self.template = template if isinstance(template, str) else json.dumps(template)
@@ -54,14 +60,20 @@ class _Handlers:
 
     # ------------------------------------------------------------------ small endpoints
     async def health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "model": self.model_name, "policy_version":
-                                  self.engine.policy_version, "running": self.engine.running,
-                                  "waiting": self.engine.waiting})
+        body = {"status": "ok", "model": self.model_name, "policy_version": self.engine.policy_version,
+                "running": self.engine.running, "waiting": self.engine.waiting}
+        if self.adapters:
+            body |= {"adapters": list(self.adapters), "default_adapter": self.default_adapter}
+        return web.json_response(body)
 
     async def models(self, request: web.Request) -> web.Response:
-        return web.json_response({"object": "list", "data": [{
-            "id": self.model_name, "object": "model", "created": 0, "owned_by": "rllm",
-            "max_model_len": self.ctx, "policy_version": self.engine.policy_version}]})
+        """The served model, then each LoRA adapter (vLLM lists a LoRA module the same way: `parent` = base)."""
+        version = self.engine.policy_version
+        card = {"object": "model", "created": 0, "owned_by": "rllm", "max_model_len": self.ctx,
+                "policy_version": version}
+        data = [{"id": self.model_name, **card}]
+        data += [{"id": name, **card, "root": name, "parent": self.model_name} for name in self.adapters]
+        return web.json_response({"object": "list", "data": data})
 
     # ------------------------------------------------------------------ request parsing
     async def _parse(self, request: web.Request,
@@ -76,10 +88,23 @@ class _Handlers:
             req = kind.model_validate(body)
         except ValidationError as exc:
             raise describe_validation_error(exc) from None
-        if req.model is not None and req.model not in (self.model_name, *MODEL_ALIASES):
-            raise RequestError(f"model {req.model!r} is not served here; this server serves {self.model_name!r} "
-                               f"(GET /v1/models lists it)", status=404, param="model")
+        self._route(req)  # an unknown model is a 404 before anything else is checked
         return req
+
+    def _route(self, req: ChatRequest | CompletionRequest | ResponsesRequest) -> tuple[str | None, str]:
+        """(the adapter to sample with, the model name the response reports) for a request's `model`.
+
+        An adapter's name picks that adapter and is reported back. Any other name, or none, gets the default
+        adapter and reports the served model's name; on a plain model only the served name and the aliases are
+        accepted (anything else is a 404), while a server of adapters takes every name, so a client configured
+        with some model id still reaches the default policy.
+        """
+        if req.model is not None and req.model in self.adapters:
+            return req.model, req.model
+        if self.adapters or req.model is None or req.model in (self.model_name, *MODEL_ALIASES):
+            return self.default_adapter, self.model_name
+        raise RequestError(f"model {req.model!r} is not served here; this server serves {self.model_name!r} "
+                           f"(GET /v1/models lists it)", status=404, param="model")
 
     def _chat_prompt(self, req: ChatRequest) -> list[int]:
         if req.tools and not self.supports_tools:
@@ -123,14 +148,14 @@ class _Handlers:
     async def chat(self, request: web.Request) -> web.StreamResponse:
         req: ChatRequest = await self._parse(request, ChatRequest)
         prompt_ids = self._chat_prompt(req)
-        builder = ResponseBuilder(self.tokenizer, self.model_name, True, prompt_ids, req.return_token_ids,
+        builder = ResponseBuilder(self.tokenizer, self._route(req)[1], True, prompt_ids, req.return_token_ids,
                                   req.logprobs, parse_tools=bool(req.tools))
         return await self._generate(request, req, prompt_ids, builder, None)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         req: CompletionRequest = await self._parse(request, CompletionRequest)
         prompt_ids = self._completion_prompt(req)
-        builder = ResponseBuilder(self.tokenizer, self.model_name, False, prompt_ids, req.return_token_ids,
+        builder = ResponseBuilder(self.tokenizer, self._route(req)[1], False, prompt_ids, req.return_token_ids,
                                   req.want_logprobs)
         return await self._generate(request, req, prompt_ids, builder, COMPLETIONS_DEFAULT_MAX_TOKENS)
 
@@ -144,7 +169,8 @@ class _Handlers:
         chat = ChatRequest.model_validate({"messages": messages, "tools": chat_tools(req.tools),
                                            "chat_template_kwargs": req.chat_template_kwargs})
         prompt_ids = self._chat_prompt(chat)
-        builder = ResponsesBuilder(self.tokenizer, self.model_name, prompt_ids, req, parse_tools=bool(chat.tools))
+        builder = ResponsesBuilder(self.tokenizer, self._route(req)[1], prompt_ids, req,
+                                   parse_tools=bool(chat.tools))
         gen, queue = self._submit(req, prompt_ids, builder.id, None)
         try:
             if req.stream:
@@ -166,7 +192,7 @@ class _Handlers:
         def sink(ev: TokenEvent) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, ev)
 
-        gen = GenerationRequest(prompt_ids, params, sink, n=req.n, request_id=request_id)
+        gen = GenerationRequest(prompt_ids, params, sink, n=req.n, request_id=request_id, adapter=self._route(req)[0])
         self.engine.submit(gen)
         return gen, queue
 
@@ -260,9 +286,24 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return _error(500, f"internal error: {type(exc).__name__}: {exc}")
 
 
-def make_app(engine: DecodeEngine, model_name: str) -> web.Application:
-    """The aiohttp application serving `engine` as `model_name` (OpenAI + vLLM fields)."""
-    h = _Handlers(engine, model_name)
+def engine_adapters(engine: Any) -> tuple[str, ...]:
+    """The LoRA adapters an engine serves; () for engines without any (duck-typed ones, e.g. Tinker's, too)."""
+    return tuple(getattr(engine, "adapters", ()))
+
+
+def check_default_adapter(adapters: tuple[str, ...], default_adapter: str | None) -> None:
+    """Refuse a default adapter the served model does not hold (None, the base weights, is always fine)."""
+    if default_adapter is not None and default_adapter not in adapters:
+        held = f"its adapters are {list(adapters)}" if adapters else "it is a plain model, with no adapters"
+        raise ConfigError(f"default_adapter {default_adapter!r} is not an adapter of the served model ({held}); "
+                          "name one of them, or None for the base weights")
+
+
+def make_app(engine: DecodeEngine, model_name: str, default_adapter: str | None = None) -> web.Application:
+    """The aiohttp application serving `engine` as `model_name` (OpenAI + vLLM fields), and a peft engine's
+    LoRA adapters under their own names; other names are served with `default_adapter` (None: base weights)."""
+    check_default_adapter(engine_adapters(engine), default_adapter)
+    h = _Handlers(engine, model_name, default_adapter)
     app = web.Application(client_max_size=64 * 1024 * 1024, middlewares=[_errors])
     app.router.add_post("/v1/chat/completions", h.chat)
     app.router.add_post("/v1/completions", h.completions)

@@ -11,6 +11,13 @@ Weight updates drain: `update_weights` stops admissions, lets the running sequen
 started with, swaps in place, bumps `policy_version`, and resumes. So every completion is produced by exactly
 one policy version, the one its response reports.
 
+A peft model holding LoRA adapters serves each row with the adapter its request names (`GenerationRequest.adapter`,
+None = the base weights): every forward pass passes peft one adapter name per row (`adapter_names`, peft's
+mixed-adapter batches), so rows of different adapters share the batch and the KV cache. peft computes the base
+layer for all rows and each adapter's LoRA product on that adapter's rows only, the same operations as a pass with
+that one adapter active, so a row's numbers are those of its own adapter (and, with `make_batch_invariant`, the
+same bits however the batch is mixed: the LoRA matmuls go through the same padded linear layers).
+
 On CPU, while a seeded request is in the batch, every row's numbers are the same bits whatever else is in the
 batch (`make_batch_invariant`), so a seeded request samples the same tokens with the same logprobs however
 concurrent requests happen to be batched: that is what makes a seeded training run repeat bit for bit. Unseeded
@@ -36,7 +43,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from rllm_backends.local_torch.serving.kv_cache import BatchCache
-from rllm_backends.local_torch.serving.models import LoadedModel
+from rllm_backends.local_torch.serving.models import BASE_ADAPTER, LoadedModel, lora_adapters
 from rllm_backends.local_torch.serving.sampling import sample_tokens, scaled_logprobs, top_logprobs
 from rllm_backends.local_torch.serving.sequence import GenerationRequest, Sequence
 from rllm_core.errors import ConfigError
@@ -157,7 +164,10 @@ class DecodeEngine:
         self._rows: list[Sequence] = []
         self._batch = BatchCache(self.device)
         self._next_B: torch.Tensor | None = None
-        params = inspect.signature(self.model.forward).parameters
+        self.adapters: tuple[str, ...] = tuple(lora_adapters(self.model))
+        """LoRA adapters requests can name (peft model); () for a plain model."""
+        inner = self.model.get_base_model() if self.adapters else self.model  # peft's forward takes **kwargs
+        params = inspect.signature(inner.forward).parameters
         self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
         self.batch_invariant = self.device.type == "cpu" and make_batch_invariant(self.model)
         self._thread = threading.Thread(target=self._run, name="rllm-decode", daemon=True)
@@ -168,6 +178,9 @@ class DecodeEngine:
         return self
 
     def submit(self, request: GenerationRequest) -> None:
+        if request.adapter is not None and request.adapter not in self.adapters:
+            served = f"the served adapters are {list(self.adapters)}" if self.adapters else "a plain model is served"
+            raise ConfigError(f"adapter {request.adapter!r} is not served here ({served}); name one of them or None")
         with self._cond:
             if self._stopping:
                 raise RuntimeError("the policy server is stopping")
@@ -291,8 +304,12 @@ class DecodeEngine:
         own = self.model.state_dict()
         unknown = [k for k in state_dict if k not in own]
         if unknown:
+            hint = ("pass model.state_dict() of the same architecture" if not self.adapters else
+                    "pass (a subset of) the PeftModel's own state_dict(), whose LoRA keys name their adapter "
+                    f"('...lora_A.<adapter>.weight', adapters here: {list(self.adapters)}); "
+                    "get_peft_model_state_dict() drops the adapter name")
             raise ConfigError(f"update_weights: {len(unknown)} keys are not parameters of the served model "
-                              f"(first: {unknown[:3]}); pass model.state_dict() of the same architecture")
+                              f"(first: {unknown[:3]}); {hint}")
         for k, v in state_dict.items():
             if tuple(v.shape) != tuple(own[k].shape):
                 raise ConfigError(f"update_weights: {k} has shape {tuple(v.shape)}, "
@@ -338,7 +355,7 @@ class DecodeEngine:
             ids_1P = torch.tensor([req.prompt_ids], dtype=torch.long, device=self.device)
             cache = DynamicCache()
             with _batch_invariant(self.batch_invariant and req.params.seed is not None):
-                out = self._forward(input_ids=ids_1P, cache=cache, logits_to_keep=1)
+                out = self._forward(input_ids=ids_1P, cache=cache, rows=[req.adapter], logits_to_keep=1)
             logits_V = out.logits[0, -1]
             if req.n > 1:
                 cache.batch_repeat_interleave(req.n)
@@ -367,7 +384,7 @@ class DecodeEngine:
         try:
             with _batch_invariant(seeded):
                 out = self._forward(input_ids=self._next_B[:, None], attention_mask=mask_BL, position_ids=pos_B,
-                                    cache=self._batch.cache)
+                                    cache=self._batch.cache, rows=[s.request.adapter for s in self._rows])
         except Exception as exc:
             log.exception("decode step failed; failing the %d running sequences", len(self._rows))
             for s in self._rows:
@@ -380,9 +397,12 @@ class DecodeEngine:
         if len(keep) != len(self._rows):
             self._keep_rows(keep)
 
-    def _forward(self, cache: Any, **kwargs: Any) -> Any:
-        """Call the model with our cache object (transformers >= 5.2 names it `cache`, older `past_key_values`)."""
+    def _forward(self, cache: Any, rows: list[str | None], **kwargs: Any) -> Any:
+        """Call the model with our cache object (transformers >= 5.2 names it `cache`, older `past_key_values`);
+        a peft model also gets each row's adapter (`rows`, in batch order; None = base weights)."""
         kwargs[self._cache_kwarg] = cache
+        if self.adapters:
+            kwargs["adapter_names"] = [BASE_ADAPTER if a is None else a for a in rows]
         return self.model(use_cache=True, **kwargs)
 
     def _sample(self, seqs: list[Sequence], logits_BV: torch.Tensor) -> torch.Tensor:

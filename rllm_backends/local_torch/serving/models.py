@@ -30,13 +30,16 @@ import torch
 
 from rllm_core.errors import ConfigError
 
-__all__ = ["BUILTIN_MODELS", "EMBEDDED_GGUF", "LoadedModel", "load_model", "load_tokenizer", "model_dir", "rllm_home"]
+__all__ = ["BASE_ADAPTER", "BUILTIN_MODELS", "EMBEDDED_GGUF", "LoadedModel", "load_model", "load_tokenizer",
+           "lora_adapters", "model_dir", "rllm_home"]
 
 log = logging.getLogger("rllm.serving.models")
 
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 BUILTIN_MODELS = ("smollm2-135m", "tiny-random")
 _TINY_SEED = 1234
+BASE_ADAPTER = "__base__"
+"""peft's name, in a mixed-adapter batch, for a row computed with the base weights alone."""
 
 
 @dataclass
@@ -64,6 +67,38 @@ class LoadedModel:
             elif isinstance(eos, list | tuple):
                 ids.update(int(e) for e in eos)
         return ids
+
+    @property
+    def adapters(self) -> list[str]:
+        """The LoRA adapters a peft-wrapped model holds, each servable by name; [] for a plain model."""
+        return lora_adapters(self.model)
+
+
+def lora_adapters(model: Any) -> list[str]:
+    """The adapter names of a peft `PeftModel` holding LoRA adapters ([] for any other model).
+
+    The policy server samples each row of a batch with its own adapter (peft's mixed-adapter batches), which
+    peft supports only for plain, unmerged LoRA: anything else is refused here, with what to do, rather than
+    failing on the first request.
+    """
+    configs = getattr(model, "peft_config", None)
+    if not isinstance(configs, dict) or not configs:
+        return []
+    names = [str(n) for n in configs]
+    for name, cfg in configs.items():
+        kind = str(getattr(getattr(cfg, "peft_type", None), "value", getattr(cfg, "peft_type", "?")))
+        if kind != "LORA":
+            raise ConfigError(f"adapter {name!r} is a {kind} adapter; the policy server serves LoRA adapters only "
+                              "(peft LoraConfig), or merge it and serve a plain model")
+        if getattr(cfg, "use_dora", False):
+            raise ConfigError(f"adapter {name!r} uses DoRA, which peft cannot mix with other adapters in one batch; "
+                              "train it without use_dora, or merge it and serve a plain model")
+    if BASE_ADAPTER in names:
+        raise ConfigError(f"an adapter is named {BASE_ADAPTER!r}, peft's name for the base weights; rename it")
+    if any(getattr(m, "merged", False) for m in model.modules() if hasattr(m, "merged_adapters")):
+        raise ConfigError("the served peft model has merged adapters; call unmerge_adapter() on (a copy of) it "
+                          "before serving, so every adapter can be picked per request")
+    return names
 
 
 def rllm_home() -> Path:

@@ -49,6 +49,8 @@ class GenerationRequest:
     n: int = 1
     request_id: str = ""
     cancelled: threading.Event = field(default_factory=threading.Event)
+    adapter: str | None = None
+    """The LoRA adapter of a peft-served model to sample with (None: the base weights, no adapter)."""
 
     def cancel(self) -> None:
         """Ask the engine to drop this request's sequences before its next decode step."""

@@ -2,6 +2,9 @@
 
 `start_policy_server` returns once the port is bound, so the handle works the same from sync code, async code,
 tests and the trainer. `update_weights` is the in-process weight sync (no restart, no disk).
+
+One policy per role: serve a peft `PeftModel` holding one LoRA adapter per role and each request's `model`
+(the adapter's name) picks the adapter; rows of different adapters decode in the same batch.
 """
 
 from __future__ import annotations
@@ -11,7 +14,7 @@ from typing import Any
 
 import torch
 
-from rllm_backends.local_torch.serving.app import make_app
+from rllm_backends.local_torch.serving.app import check_default_adapter, engine_adapters, make_app
 from rllm_backends.local_torch.serving.engine import DecodeEngine
 from rllm_backends.local_torch.serving.models import LoadedModel, load_model
 from rllm_core.errors import ConfigError
@@ -23,12 +26,18 @@ __all__ = ["RunningPolicyServer", "start_policy_server"]
 class RunningPolicyServer:
     """A policy server running in this process; a context manager that stops it on exit."""
 
-    def __init__(self, engine: DecodeEngine, model_name: str, host: str, port: int) -> None:
+    def __init__(self, engine: DecodeEngine, model_name: str, host: str, port: int,
+                 default_adapter: str | None = None) -> None:
+        if model_name in engine_adapters(engine):
+            raise ConfigError(f"an adapter is named {model_name!r}, the name the base model is served as, so the "
+                              "base could not be asked for; rename the adapter or serve the model under another name")
+        check_default_adapter(engine_adapters(engine), default_adapter)
         self.engine = engine
         self.model_name = model_name
+        self.default_adapter = default_adapter
         self.host = host
-        self._http = ThreadedApp(lambda: make_app(self.engine, self.model_name), host, port, name="rllm-policy-http",
-                                 handler_cancellation=True)
+        self._http = ThreadedApp(lambda: make_app(self.engine, self.model_name, self.default_adapter), host, port,
+                                 name="rllm-policy-http", handler_cancellation=True)
 
     @property
     def url(self) -> str:
@@ -48,13 +57,21 @@ class RunningPolicyServer:
     def loaded(self) -> LoadedModel:
         return self.engine.loaded
 
+    @property
+    def adapters(self) -> list[str]:
+        """The LoRA adapter names requests can pick with `model` ([] when a plain model is served)."""
+        return list(engine_adapters(self.engine))
+
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], timeout: float | None = None,
                        version: int | None = None) -> int:
         """Copy `state_dict` into the served model between decode steps and return the new policy version.
 
         Admissions pause while running sequences finish on the old weights, so every completion comes from a
         single policy version (the one its response reports). Keys must be parameter names of the served
-        model; a subset is fine (e.g. only the trained ones).
+        model; a subset is fine (e.g. only the trained ones). For a peft model these are the PeftModel's own
+        `state_dict()` names, so one adapter's LoRA tensors alone (`...lora_A.<adapter>.weight`,
+        `...lora_B.<adapter>.weight`) update that adapter and leave the others and the base as they were. The
+        version is the server's, shared by all adapters: any update bumps it.
         """
         return self.engine.update_weights(state_dict, timeout=timeout, version=version)
 
@@ -87,16 +104,23 @@ class RunningPolicyServer:
         self.stop()
 
     def __repr__(self) -> str:
-        return f"RunningPolicyServer(model={self.model_name!r}, url={self.url!r}, version={self.policy_version})"
+        adapters = f", adapters={self.adapters!r}" if self.adapters else ""
+        return (f"RunningPolicyServer(model={self.model_name!r}{adapters}, url={self.url!r}, "
+                f"version={self.policy_version})")
 
 
 def start_policy_server(model: str | LoadedModel = "smollm2-135m", host: str = "127.0.0.1", port: int = 0,
-                        max_batch_size: int = 32, threads: int | None = None) -> RunningPolicyServer:
+                        max_batch_size: int = 32, threads: int | None = None,
+                        default_adapter: str | None = None) -> RunningPolicyServer:
     """Load `model` (a name/path, or an already loaded one) and serve it OpenAI-compatibly on host:port.
 
     port 0 picks a free port (see `.url`). Decoding runs on its own thread with up to `max_batch_size`
     sequences in one batch; `threads` sets torch's intra-op threads (default: torch's choice).
+
+    A LoadedModel whose `.model` is a peft PeftModel with LoRA adapters (unmerged) serves each adapter under
+    its name: a request whose `model` is an adapter's name samples with it, any other name with
+    `default_adapter` (None: the base weights, no adapter). GET /v1/models lists the model and every adapter.
     """
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
     engine = DecodeEngine(loaded, max_batch_size=max_batch_size, threads=threads)
-    return RunningPolicyServer(engine, loaded.name, host, port).start()
+    return RunningPolicyServer(engine, loaded.name, host, port, default_adapter).start()
