@@ -3,6 +3,11 @@
 The trainer and the server hold separate copies of the model (fp32 master for training; the server's copy
 is what rollouts sample from). After each step `sync_weights` pushes the trainer's (LoRA-merged) weights into
 the running server (`update_weights`, no restart), which bumps the policy version every response carries.
+
+With a policy per role (`--roles`) the server gets a copy of the trainer's PeftModel itself (every adapter,
+unmerged) and samples each request with the adapter its `model` names (`shared` for any other name); the
+endpoint's `role_models` makes the gateway send each role's calls under its adapter's name, and a sync pushes
+only the LoRA tensors.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from rllm_core.backend import BackendBase, BackendCapabilities, PolicyEndpoint
 from rllm_core.errors import TrainingError
 from rllm_core.training.config import TrainConfig
 from rllm_core.training.packing import TrainRow
+from rllm_core.training.roles import SHARED_ADAPTER, role_models
 
 __all__ = ["LocalTorchBackend"]
 
@@ -39,8 +45,9 @@ class LocalTorchBackend(BackendBase):
 
     def capabilities(self) -> BackendCapabilities:
         """Every loss option (the loss is ours, computed here); the server holds its own copy of the weights, so
-        nothing needs waking or freeing around rollouts; train_step is synchronous."""
-        return BackendCapabilities()
+        nothing needs waking or freeing around rollouts; train_step is synchronous; one LoRA adapter per role
+        (--roles), all served at once."""
+        return BackendCapabilities(role_adapters=True)
 
     def setup(self, config: TrainConfig) -> None:
         import torch
@@ -54,12 +61,17 @@ class LocalTorchBackend(BackendBase):
         _quiet_transformers()  # its "Loading weights" bar would cut into the training display
         loaded = self._loaded or load_model(config.model, dtype=torch.float32, device=config.device)
         serve_copy = copy.copy(loaded)
-        serve_copy.model = copy.deepcopy(loaded.model).eval()
         pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
         self.tokenizer = loaded.tokenizer
-        self.trainer = TorchTrainer(loaded.model, config, pad_token_id=int(pad))
+        if config.roles:  # the server serves the trainer's own PeftModel: built first, then copied
+            self.trainer = TorchTrainer(loaded.model, config, pad_token_id=int(pad))
+            serve_copy.model = copy.deepcopy(self.trainer.model).eval().requires_grad_(False)
+        else:
+            serve_copy.model = copy.deepcopy(loaded.model).eval()
+            self.trainer = TorchTrainer(loaded.model, config, pad_token_id=int(pad))
         self.server = start_policy_server(serve_copy, max_batch_size=self._max_batch_size,
-                                          threads=self._server_threads)
+                                          threads=self._server_threads,
+                                          default_adapter=SHARED_ADAPTER if config.roles else None)
         self.policy_version = int(self.server.policy_version)
 
     def _require(self) -> None:
@@ -69,7 +81,8 @@ class LocalTorchBackend(BackendBase):
     def policy_endpoint(self) -> PolicyEndpoint:
         self._require()
         return PolicyEndpoint(base_url=self.server.base_url, model=self.server.model_name,
-                              policy_version=self.policy_version, tokenizer=self.tokenizer, exact_turns=True)
+                              policy_version=self.policy_version, tokenizer=self.tokenizer, exact_turns=True,
+                              role_models=role_models(self.config.roles) if self.config else {})
 
     def train_step(self, rows: Sequence[TrainRow]) -> dict[str, float]:
         self._require()

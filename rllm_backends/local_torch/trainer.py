@@ -5,6 +5,12 @@ accumulation whose loss is normalised by the *whole* batch's token/row counts (s
 the full-batch gradient), optional gradient checkpointing and LoRA (peft), AdamW with warm-up and a
 constant/linear/cosine schedule, grad-norm clipping. A non-finite loss or grad norm leaves the weights
 untouched and raises TrainingError.
+
+A policy per role (`--roles`): the base weights are frozen and the model carries one LoRA adapter per name of
+`adapter_names(config.roles)` (`shared` first). Each row trains the adapter of its role: micro-batches are split
+by adapter (as by temperature) and each one's adapter is active for its forward/backward, so an adapter's
+gradient comes from its own rows only, while all adapters take the same optimizer step (one loss normalisation,
+one grad-norm clip over every adapter).
 """
 
 from __future__ import annotations
@@ -24,8 +30,12 @@ from rllm_core.algorithms import policy_loss_with_metrics
 from rllm_core.errors import ConfigError, TrainingError
 from rllm_core.training.config import TrainConfig
 from rllm_core.training.packing import TrainRow
+from rllm_core.training.roles import adapter_for_role, adapter_names
 
-__all__ = ["TorchTrainer", "check_device", "estimate_step_bytes"]
+__all__ = ["ROLE_LORA_RANK", "TorchTrainer", "check_device", "estimate_step_bytes"]
+
+ROLE_LORA_RANK = 16
+"""Rank of the per-role adapters when --roles is given without --lora-rank."""
 
 _BATCH_NORMALISED = frozenset({"pg_loss", "kl"})
 """Micro-batch metrics divided by the whole batch's denominators (they add up); the rest are micro-batch means."""
@@ -89,27 +99,44 @@ class TorchTrainer:
                 model.activation_checkpointing_enable({"use_reentrant": False})
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-        if config.lora_rank > 0:
-            from peft import LoraConfig, get_peft_model
-
-            with warnings.catch_warnings():  # peft probes transformers' deprecated `is_gradient_checkpointing`
-                warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
-                model = get_peft_model(model, LoraConfig(r=config.lora_rank, lora_alpha=config.lora_alpha,
-                                                         target_modules="all-linear", lora_dropout=0.0))
+        self.adapters: list[str] = adapter_names(config.roles)
+        """The per-role LoRA adapters (`shared` first); [] without --roles."""
+        self.lora = config.lora_rank > 0 or bool(self.adapters)
+        if self.lora:
+            model = _wrap_lora(model, config, self.adapters)
         self.model = model
         self.model.train()
         # KL to the starting policy: LoRA gets it for free (adapters off); full fine-tuning keeps a frozen copy.
         self.ref_model: torch.nn.Module | None = None
-        if config.kl_coef > 0 and config.lora_rank <= 0:
+        if config.kl_coef > 0 and not self.lora:
             self.ref_model = copy.deepcopy(model).eval().requires_grad_(False)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        self.optimizer = torch.optim.AdamW(params, lr=config.lr, weight_decay=config.weight_decay)
+        # Collected once, by name: peft's set_adapter turns requires_grad off on the inactive adapters, so a
+        # `requires_grad` filter at step time would miss the adapters trained earlier in the same step.
+        self.trainable: dict[str, torch.nn.Parameter] = {
+            n: p for n, p in self.model.named_parameters() if p.requires_grad or (self.adapters and "lora_" in n)}
+        self.optimizer = torch.optim.AdamW(list(self.trainable.values()), lr=config.lr,
+                                           weight_decay=config.weight_decay)
         from transformers import get_scheduler
 
         self.scheduler = get_scheduler(_SCHEDULES[config.lr_schedule], self.optimizer,
                                        num_warmup_steps=config.warmup_steps,
                                        num_training_steps=max(config.max_steps, 1))
         self.step = 0
+
+    @property
+    def num_trainable_params(self) -> int:
+        """Parameters the optimizer updates (every adapter's LoRA weights with --roles)."""
+        return sum(p.numel() for p in self.trainable.values())
+
+    def adapter_of(self, row: TrainRow) -> str | None:
+        """The adapter `row` trains (its role's, by --roles); None without --roles."""
+        return adapter_for_role(self.config.roles, row.role) if self.adapters else None
+
+    def _activate(self, adapter: str | None) -> None:
+        """Make `adapter` the one the forward pass uses (read from the model: a caller may have switched it)."""
+        peft_model: Any = self.model
+        if adapter is not None and peft_model.active_adapter != adapter:
+            peft_model.set_adapter(adapter)
 
     # ------------------------------------------------------------------ one update
     def train_step(self, rows: Sequence[TrainRow]) -> dict[str, float]:
@@ -121,9 +148,9 @@ class TorchTrainer:
         if not rows:
             raise TrainingError("no trainable tokens in this batch (every row has loss mask 0); step skipped")
         started = time.perf_counter()
-        # one temperature per micro-batch (each row is scored at the temperature it was sampled at), and within
-        # it rows sorted by length: less padding
-        rows = sorted(rows, key=lambda r: (self._temperature(r), len(r.tokens)))
+        # one adapter and one temperature per micro-batch (each row trains its role's adapter, scored at the
+        # temperature it was sampled at), and within it rows sorted by length: less padding
+        rows = sorted(rows, key=lambda r: (self.adapter_of(r) or "", self._temperature(r), len(r.tokens)))
         # position 0 has no prefix to predict it from, so it can never be trained: not in the denominator
         token_denom = float(sum(sum(r.loss_mask[1:]) for r in rows))
         seq_denom = float(len(rows))
@@ -135,8 +162,9 @@ class TorchTrainer:
         total_loss = 0.0
         total_tokens = 0
         chunks = [rows[i : i + mb] for i in range(0, len(rows), mb)]
-        chunks = [part for chunk in chunks for part in _split_by(chunk, self._temperature)]
+        chunks = [part for chunk in chunks for part in _split_by(chunk, self._micro_batch_key)]
         for chunk in chunks:
+            self._activate(self.adapter_of(chunk[0]))
             loss, metrics, n_tok = self._micro_step(chunk, token_denom, seq_denom)
             if not math.isfinite(loss):
                 self.optimizer.zero_grad(set_to_none=True)
@@ -146,8 +174,7 @@ class TorchTrainer:
             total_tokens += sum(len(r.tokens) for r in chunk)
             for k, v in metrics.items():  # pg_loss/kl are already shares of the whole batch; others are means
                 sums[k] = sums.get(k, 0.0) + (v * token_denom if k in _BATCH_NORMALISED else v * n_tok)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, cfg.max_grad_norm))
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(list(self.trainable.values()), cfg.max_grad_norm))
         if not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             raise TrainingError(f"gradient norm is not finite at trainer step {self.step + 1}; weights were not "
@@ -162,10 +189,17 @@ class TorchTrainer:
         out.update({"train/loss": total_loss, "train/grad_norm": grad_norm, "train/lr": lr,
                     "train/rows": float(len(rows)), "train/trained_tokens": token_denom,
                     "train/tokens_per_s": total_tokens / max(elapsed, 1e-9), "time/train_step_s": elapsed})
+        for adapter in self.adapters:
+            mine = [r for r in rows if self.adapter_of(r) == adapter]
+            out[f"train/adapter/{adapter}/rows"] = float(len(mine))
+            out[f"train/adapter/{adapter}/trained_tokens"] = float(sum(sum(r.loss_mask[1:]) for r in mine))
         return out
 
     def _temperature(self, row: TrainRow) -> float:
         return row.temperature if row.temperature is not None else self.config.temperature
+
+    def _micro_batch_key(self, row: TrainRow) -> tuple[str, float]:
+        return self.adapter_of(row) or "", self._temperature(row)
 
     def _micro_step(self, chunk: Sequence[TrainRow], token_denom: float, seq_denom: float
                     ) -> tuple[float, dict[str, float], int]:
@@ -226,7 +260,11 @@ class TorchTrainer:
 
     # ------------------------------------------------------------------ weights out, state in/out
     def serving_state_dict(self) -> dict[str, torch.Tensor]:
-        """Full (LoRA-merged) weights under the base model's names, for the policy server."""
+        """Full (LoRA-merged) weights under the base model's names, for the policy server. With --roles only
+        every adapter's LoRA tensors, unmerged, under the PeftModel's own names (`...lora_A.<adapter>.weight`):
+        the server holds the same PeftModel and the frozen base never changes."""
+        if self.adapters:
+            return {k: v.detach() for k, v in self.model.state_dict().items() if "lora_" in k}
         if self.config.lora_rank <= 0:
             return {k: v.detach() for k, v in self.model.state_dict().items()}
         peft_model: Any = self.model
@@ -238,8 +276,14 @@ class TorchTrainer:
             peft_model.unmerge_adapter()
 
     def save(self, path: Path) -> None:
+        """`trainer.pt`: everything a resume needs. With --roles also `adapters/<name>/` per adapter (peft's
+        save_pretrained), so each role's policy loads on its own: `PeftModel.from_pretrained(base, dir)`."""
         torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
                     "scheduler": self.scheduler.state_dict(), "step": self.step}, Path(path) / "trainer.pt")
+        if self.adapters:
+            peft_model: Any = self.model
+            for name in self.adapters:  # a named (non-"default") adapter goes into <dir>/<name>/
+                peft_model.save_pretrained(str(Path(path) / "adapters"), selected_adapters=[name])
 
     def load(self, path: Path) -> None:
         file = Path(path) / "trainer.pt"
@@ -251,6 +295,24 @@ class TorchTrainer:
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
         self.step = int(state["step"])
+
+
+def _wrap_lora(model: torch.nn.Module, config: TrainConfig, adapters: Sequence[str]) -> Any:
+    """The PeftModel: one LoRA adapter (peft's "default") for --lora-rank, or one per name of `adapters` (--roles;
+    rank --lora-rank, or ROLE_LORA_RANK when it is 0). LoRA B starts at zero: every adapter starts as the base."""
+    from peft import LoraConfig, get_peft_model
+
+    rank = config.lora_rank if config.lora_rank > 0 else ROLE_LORA_RANK
+    lora = LoraConfig(r=rank, lora_alpha=config.lora_alpha, target_modules="all-linear", lora_dropout=0.0)
+    names = list(adapters) or ["default"]
+    with warnings.catch_warnings():  # peft probes transformers' deprecated `is_gradient_checkpointing`
+        warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)
+        peft_model: Any = get_peft_model(model, lora, adapter_name=names[0])
+        for name in names[1:]:
+            peft_model.add_adapter(name, lora)
+    if len(names) > 1:
+        peft_model.set_adapter(names[0])
+    return peft_model
 
 
 def _split_by(rows: list[TrainRow], key: Any) -> list[list[TrainRow]]:
@@ -266,7 +328,7 @@ def _split_by(rows: list[TrainRow], key: Any) -> list[list[TrainRow]]:
 
 def _check_fits(own: dict[str, torch.Tensor], saved: dict[str, torch.Tensor], path: Path) -> None:
     """Refuse, in one line, a checkpoint of another model or LoRA setting (a `--resume` with a changed
-    `--model` / `--lora-rank`): torch's own error lists every one of hundreds of mismatched weights."""
+    `--model` / `--lora-rank` / `--roles`): torch's own error lists every one of hundreds of mismatched weights."""
     missing = [k for k in own if k not in saved]
     unexpected = [k for k in saved if k not in own]
     reshaped = [k for k in own if k in saved and tuple(own[k].shape) != tuple(saved[k].shape)]
@@ -276,6 +338,6 @@ def _check_fits(own: dict[str, torch.Tensor], saved: dict[str, torch.Tensor], pa
                if reshaped else (missing or unexpected)[0])
     raise ConfigError(
         f"checkpoint {path} does not fit this model ({len(missing)} weights missing, {len(unexpected)} "
-        f"unexpected, {len(reshaped)} of another shape, e.g. {example}): it was saved with another --model or "
-        "--lora-rank; resume with the settings in the run's config.yaml"
+        f"unexpected, {len(reshaped)} of another shape, e.g. {example}): it was saved with another --model, "
+        "--lora-rank or --roles; resume with the settings in the run's config.yaml"
     )
