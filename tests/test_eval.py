@@ -69,9 +69,10 @@ def test_eval_fake_upstream_writes_files_and_summary(tmp_path: Path) -> None:
     assert "accuracy" in res.output and "pass@2" in res.output
 
 
-def test_eval_agent_crash_is_counted_and_run_goes_on(tmp_path: Path) -> None:
+@pytest.mark.parametrize("spec", ["my_agents:flaky", "my_agents.py:flaky"], ids=["module", "file"])
+def test_eval_agent_crash_is_counted_and_run_goes_on(tmp_path: Path, spec: str) -> None:
     with start_fake_upstream(_gsm8k_responder) as up:
-        res = _invoke("eval", "gsm8k", "-n", "3", "--base-url", up.base_url, "--agent", "my_agents:flaky",
+        res = _invoke("eval", "gsm8k", "-n", "3", "--base-url", up.base_url, "--agent", spec,
                       "-o", str(tmp_path / "o"), "--no-progress")
     assert res.exit_code == 0, res.output
     summary = json.loads((tmp_path / "o" / "summary.json").read_text())
@@ -101,8 +102,9 @@ def test_eval_workflow_and_timeout(tmp_path: Path) -> None:
     (["eval", "gsm8k", "--agent", "my_agents:missing"], r"has no attribute 'missing'"),
     (["eval", "gsm8k", "--workflow", "nope"], r"unknown workflow 'nope'"),
     (["eval", "gsm8k", "--split", "dev"], r"no split 'dev'"),
-    (["eval", "gsm8k", "--agent", "my_agents.py:solve"], r"not a file path: --agent my_agents:solve"),
-    (["eval", "gsm8k", "--agent", "./my_agents:solve"], r"not a file path: --agent my_agents:solve"),
+    (["eval", "gsm8k", "--agent", "my_agents.py:solve"], r"'my_agents.py' has no attribute 'solve'.*'flaky'"),
+    (["eval", "gsm8k", "--agent", "missing_agents.py:flaky"], r"missing_agents.py does not exist"),
+    (["eval", "gsm8k", "--agent", "./my_agents:flaky"], r"must name the .py file \(--agent ./my_agents.py:flaky\)"),
 ])
 def test_eval_bad_input_is_explained(args: list[str], expected: str) -> None:
     res = _invoke(*args, "--no-progress")

@@ -27,7 +27,7 @@ class TrainConfig(BaseModel):
     benchmark: str = "arithmetic"
     """Benchmark to train on (see `rllm bench list`); on the command line, the positional argument."""
     agent: str | None = None
-    """'module:function' rollout to train instead of the benchmark's default agent."""
+    """Your @rllm.rollout to train instead of the benchmark's agent: 'path/to/file.py:name' or 'module:name'."""
     sandbox: str | None = None
     """Sandbox provider of sandboxed benchmarks (terminal, harbor:PATH): local, docker, modal, daytona."""
     workflow: str = "default"
