@@ -12,6 +12,15 @@ It runs the real CLI in a subprocess (`rllm train ...`), then reads the run dire
 Measured (2 shared CPU cores, bf16 autocast, 8 tasks × 4 samples × ≤12 tokens, lr 5e-6, 14 min budget):
 45 steps; held-out sampled accuracy 12.5% → 96.6% (+84 points, 22 tasks × 4 samples), greedy 68% → 100%
 (benchmarks/results/learning_curve_14min/).
+
+Presets for the agents and workflows of issue 15 (same script, their own flags and output folder):
+
+    python benchmarks/learning_curve.py --preset langgraph-retry        # a LangGraph agent, multi-turn (retries)
+    python benchmarks/learning_curve.py --preset langgraph-frozenlake   # the same on FrozenLake 4x4 (no signal at 135M)
+    python benchmarks/learning_curve.py --preset solver-judge           # solver-judge on arithmetic, per role
+
+With a workflow the curve also shows each role's held-out accuracy (`val/role/<role>/accuracy`: for the judge,
+how often the answer it picked was right), and the x axis is wall-clock minutes since the run started.
 """
 
 from __future__ import annotations
@@ -38,16 +47,40 @@ def train_cmd(args: argparse.Namespace, run_dir: Path) -> list[str]:
         "--micro-batch-size", str(args.micro_batch_size), "--save-every", str(args.eval_every),
         "--algo", args.algo, "--warmup-steps", "2", "--seed", str(args.seed),
         *(["--bf16"] if args.bf16 else []),
+        *(["--workflow", args.workflow] if args.workflow else []), *(["--agent", args.agent] if args.agent else []),
+        *(["--roles", args.roles] if args.roles else []), *args.extra,
     ]
+
+
+PRESETS: dict[str, dict[str, Any]] = {
+    # 135M on generated 4x4 maps: a move is one word, so 12 tokens per turn; the history grows (16 turns at most)
+    "langgraph-frozenlake": {"benchmark": "frozenlake", "agent": "examples/agents/langgraph_frozenlake.py:agent",
+                             "max_tokens": 12, "lr": 5e-6, "eval_every": 10, "eval_examples": 50, "eval_attempts": 2,
+                             "micro_batch_size": 8, "out": "benchmarks/results/learning_curve_langgraph_frozenlake"},
+    # the measured pick when FrozenLake gives 135M no signal: answer, be told it is wrong, try again (3 tries)
+    "langgraph-retry": {"benchmark": "arithmetic", "agent": "examples/agents/langgraph_retry.py:agent",
+                        "max_tokens": 12, "lr": 5e-6, "eval_every": 5, "eval_examples": 40, "eval_attempts": 2,
+                        "micro_batch_size": 16, "out": "benchmarks/results/learning_curve_langgraph_retry"},
+    "solver-judge": {"benchmark": "arithmetic", "workflow": "solver-judge", "max_tokens": 12, "lr": 5e-6,
+                     "eval_every": 10, "eval_examples": 32, "eval_attempts": 2, "micro_batch_size": 16,
+                     "out": "benchmarks/results/learning_curve_solver_judge"},
+}
+"""Settings of the issue-15 curves; flags given on the command line still win."""
 
 
 def read_curve(run_dir: Path) -> dict[str, Any]:
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines() if line.strip()]
     evals = [r for r in records if r["kind"] == "eval"]
     train = [r for r in records if r["kind"] == "train"]
+    t0 = min((r["time"] - r.get("time/eval_s", 0.0) - r.get("time/step_s", 0.0) for r in records if "time" in r),
+             default=0.0)
     return {
-        "eval": [{"step": r["step"], "sampled_accuracy": r.get("val/reward/accuracy"),
+        "eval": [{"step": r["step"], "minutes": (r["time"] - t0) / 60 if "time" in r else None,
+                  "sampled_accuracy": r.get("val/reward/accuracy"),
                   "greedy_accuracy": r.get("val_greedy/reward/accuracy"),
+                  "roles": {k.split("/")[2]: v for k, v in r.items()
+                            if k.startswith("val/role/") and k.endswith("/accuracy")},
+                  "reasons": {k.removeprefix("val/reason/"): v for k, v in r.items() if k.startswith("val/reason/")},
                   "response_tokens": r.get("val/episode/response_tokens_mean")} for r in evals],
         "train": [{"step": r["step"], "reward_mean": r.get("reward/mean"), "accuracy": r.get("reward/accuracy"),
                    "seconds": r.get("time/step_s"), "approx_kl": r.get("train/approx_kl"),
@@ -63,11 +96,18 @@ def plot(curve: dict[str, Any], path: Path) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4))
     ev = curve["eval"]
-    ax.plot([e["step"] for e in ev], [e["sampled_accuracy"] for e in ev], "o-", label="held-out, sampled")
-    ax.plot([e["step"] for e in ev], [e["greedy_accuracy"] for e in ev], "s-", label="held-out, greedy")
-    tr = curve["train"]
-    ax.plot([t["step"] for t in tr], [t["accuracy"] for t in tr], alpha=0.4, label="train batch accuracy")
-    ax.set_xlabel("step")
+    by_time = all(e.get("minutes") is not None for e in ev)
+    x = [e["minutes"] if by_time else e["step"] for e in ev]
+    ax.plot(x, [e["sampled_accuracy"] for e in ev], "o-", label="held-out, sampled (episode)")
+    ax.plot(x, [e["greedy_accuracy"] for e in ev], "s-", label="held-out, greedy (episode)")
+    for role in sorted({r for e in ev for r in e.get("roles", {})}):
+        ax.plot(x, [e.get("roles", {}).get(role) for e in ev], "^--", label=f"held-out, sampled: role {role}")
+    if not by_time:
+        tr = curve["train"]
+        ax.plot([t["step"] for t in tr], [t["accuracy"] for t in tr], alpha=0.4, label="train batch accuracy")
+    for e, xi in zip(ev, x, strict=True):
+        ax.annotate(f"{e['step']}", (xi, e["sampled_accuracy"] or 0), fontsize=7, alpha=0.6)
+    ax.set_xlabel("minutes (labels: step)" if by_time else "step")
     ax.set_ylabel("accuracy")
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
@@ -75,6 +115,16 @@ def plot(curve: dict[str, Any], path: Path) -> None:
     ax.set_title(curve.get("title", "learning curve"))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
+
+
+def _preset_of(argv: list[str]) -> str | None:
+    """The --preset given, read before the other defaults are set (so the preset's values become defaults)."""
+    for i, arg in enumerate(argv):
+        if arg == "--preset" and i + 1 < len(argv):
+            return argv[i + 1]
+        if arg.startswith("--preset="):
+            return arg.partition("=")[2]
+    return None
 
 
 def main() -> None:
@@ -96,6 +146,13 @@ def main() -> None:
     ap.add_argument("--bf16", action=argparse.BooleanOptionalAction, default=True)
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--out", default="benchmarks/results/learning_curve")
+    ap.add_argument("--workflow", default=None, help="solver-judge | refinement | self-debate")
+    ap.add_argument("--agent", default=None, help="your rollout, 'path/file.py:name' or 'module:name'")
+    ap.add_argument("--roles", default=None, help="a LoRA adapter per role, 'solver=lora:solver,judge=lora:judge'")
+    ap.add_argument("--preset", choices=sorted(PRESETS), default=None, help="settings of one of the issue-15 curves")
+    ap.add_argument("extra", nargs="*", help="more `rllm train` flags, after `--`")
+    if (preset := _preset_of(sys.argv[1:])) is not None:
+        ap.set_defaults(**PRESETS[preset])
     args = ap.parse_args()
 
     out = Path(args.out)
@@ -108,7 +165,8 @@ def main() -> None:
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE"}
     proc = subprocess.run(cmd, env=env)
     curve = read_curve(run_dir)
-    curve.update({"title": f"{args.model} on {args.benchmark}, {args.algo}, {args.minutes:g} min budget",
+    who = args.workflow or (Path(args.agent.partition(":")[0]).stem if args.agent else "default agent")
+    curve.update({"title": f"{args.model}, {who} on {args.benchmark}, {args.algo}, {args.minutes:g} min budget",
                   "setup": vars(args), "wall_s": time.time() - started, "exit_code": proc.returncode})
     if curve["eval"]:
         first, last = curve["eval"][0], curve["eval"][-1]

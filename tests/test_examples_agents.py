@@ -40,6 +40,7 @@ from rllm_core.workflows.roles import RoleRollout
 ROOT = Path(__file__).resolve().parents[1]
 LANGGRAPH = "examples/agents/langgraph_frozenlake.py:agent"
 AUTOGEN = "examples/agents/autogen_team.py:team"
+RETRY = "examples/agents/langgraph_retry.py:agent"
 OUTCOMES = {"goal", "hole", "max_turns", "format", "context_exceeded"}
 
 
@@ -164,6 +165,26 @@ def test_load_agent_file_errors_are_one_line(spec: str, expected: str, tmp_path:
 def test_both_examples_load_as_typed() -> None:
     assert load_agent(LANGGRAPH).name == "langgraph_frozenlake"
     assert load_agent(AUTOGEN).name == "autogen_team"
+    assert load_agent(RETRY).name == "langgraph_retry"
+
+
+def _right_on_the_second_try(body: dict[str, Any]) -> str:
+    """Off by one on the first try; after the checker's feedback, the right number."""
+    messages = body["messages"]
+    a, b = re.search(r"What is (\d+) \+ (\d+)\?", str(messages[0]["content"])).groups()  # type: ignore[union-attr]
+    return str(int(a) + int(b) + (1 if len(messages) == 1 else 0))
+
+
+def test_langgraph_retry_tries_again_after_feedback(tmp_path: Path) -> None:
+    with start_fake_upstream(_right_on_the_second_try) as up:
+        result = run_eval(EvalOptions(benchmark="arithmetic", agent=RETRY, base_url=up.base_url, max_examples=3,
+                                      output=tmp_path / "eval", progress=False, max_tokens=8))
+    assert result.summary.accuracy == 1.0
+    for ep in read_jsonl(result.episodes_path):
+        assert ep.artifacts["tries"] == 2 and ep.artifacts["solved"] is True
+        (traj,) = ep.trajectories
+        assert traj.name == "solver" and len(traj.steps) == 2
+        assert [m["role"] for m in traj.steps[1].messages or []] == ["user", "assistant", "user"]
 
 
 # ----------------------------------------------------------------------- the examples, scripted upstream
@@ -274,6 +295,18 @@ def test_train_autogen_team_one_trajectory_per_agent(tmp_path: Path) -> None:
             assert [(t.name, len(t.steps)) for t in ep.trajectories] == [("solver", 1), ("checker", 1)]
             assert [s.agent for s in ep.steps] == ["solver", "checker"]
             assert all(s.completion_token_ids and s.logprobs for s in ep.steps)
+
+
+@pytest.mark.slow
+def test_train_langgraph_retry_packs_every_try_into_one_masked_row(tmp_path: Path) -> None:
+    steps, run = _train(tmp_path, "arithmetic", RETRY)
+    for record in steps:
+        assert record["pack/rows"] == 4 and record["pack/rows_split"] == 0
+        assert record["pack/steps_used"] > record["pack/rows"]  # tiny-random is wrong: it tries 3 times
+    for ep in _episodes(run, 1):
+        (traj,) = ep.trajectories
+        (row,), _ = pack_trajectory(traj, 1.0)
+        assert _mask_runs(row.loss_mask) == [0, 1] * len(traj.steps)  # the checker's feedback is masked
 
 
 # -------------------------------------------------------------------------------- tiny-random, evaluated

@@ -18,6 +18,7 @@ def builtin_benchmarks() -> list[Benchmark]:
         *math_benchmarks(),
         *hub_benchmarks(),
         HumanEval(),
+        FrozenLake(3),  # 12 turns at most: a multi-turn task a 135M model learns on a CPU in minutes
         FrozenLake(4),
         FrozenLake(8),
         *arithmetic_benchmarks(),
