@@ -38,7 +38,7 @@ TokenSource = Literal["server", "retokenized", "none"]
 """Where a Step's token ids came from: the server's own ids, our tokenizer after the fact, or nowhere."""
 
 TerminationReason = Literal[
-    "completed", "error", "timeout", "truncated", "max_turns", "env_done", "cancelled"
+    "completed", "error", "timeout", "truncated", "max_turns", "env_done", "cancelled", "context_exceeded"
 ]
 
 
