@@ -22,7 +22,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 from rich.console import Console
+from typer.testing import CliRunner
 
 from rllm_core.benchmarks.frozenlake import ACTIONS, FrozenLake
 from rllm_core.benchmarks.frozenlake import solve as shortest_path
@@ -240,13 +242,14 @@ def test_autogen_team_checker_gives_the_final_answer(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------------- tiny-random, trained
-def _train(tmp_path: Path, benchmark: str, agent: str, bench: Any = None) -> tuple[list[dict[str, Any]], Path]:
+def _train(tmp_path: Path, benchmark: str, agent: str, bench: Any = None, **extra: Any
+           ) -> tuple[list[dict[str, Any]], Path]:
     """2 steps of 2 tasks x 2 attempts, 8 tokens a call, no validation, fp32 (bf16 autocast, which arithmetic
     recommends, is several times slower on CPU); the train records and the run dir."""
     out = tmp_path / "run"
-    config = load_config(None, benchmark=benchmark, agent=agent, model="tiny-random", batch_size=2, group_size=2,
-                         max_steps=2, eval_examples=0, max_tokens=8, concurrency=4, save_every=2, lr=1e-4,
-                         bf16=False, output=str(out))
+    options = {"model": "tiny-random", "batch_size": 2, "group_size": 2, "max_steps": 2, "eval_examples": 0,
+               "max_tokens": 8, "concurrency": 4, "save_every": 2, "lr": 1e-4, "bf16": False, **extra}
+    config = load_config(None, benchmark=benchmark, agent=agent, output=str(out), **options)
     result = train(config, benchmark=bench, progress=False, console=Console(quiet=True))
     assert result.steps_done == 2
     records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
@@ -307,6 +310,52 @@ def test_train_langgraph_retry_packs_every_try_into_one_masked_row(tmp_path: Pat
         (traj,) = ep.trajectories
         (row,), _ = pack_trajectory(traj, 1.0)
         assert _mask_runs(row.loss_mask) == [0, 1] * len(traj.steps)  # the checker's feedback is masked
+
+
+@pytest.mark.slow
+def test_train_autogen_team_one_lora_adapter_per_agent(tmp_path: Path) -> None:
+    """`--roles solver=lora:solver,checker=lora:checker`: the AutoGen agents' calls reach their own adapters (the
+    gateway rewrites the model name by agent), each adapter trains on its own rows and is saved for reloading."""
+    from peft import PeftModel
+
+    from rllm_backends.local_torch.serving import load_model
+    from rllm_core.benchmarks import get_benchmark
+    from rllm_core.rewards.types import RewardResult
+
+    always_right = get_benchmark("arithmetic")  # every answer earns 1: with reinforce, every row has a gradient
+    always_right.grade = lambda task, response: RewardResult.correct(extracted=response[:8])  # type: ignore[method-assign]
+    steps, run = _train(tmp_path, "arithmetic", AUTOGEN, always_right,
+                        roles="solver=lora:solver,checker=lora:checker", lr=1e-2, algo="reinforce")
+    for record in steps:
+        assert record["train/adapter/solver/rows"] == record["train/adapter/checker/rows"] == 4
+        assert record["train/adapter/shared/rows"] == 0
+    ckpt = run / "checkpoints" / "step_2"
+    loaded = load_model("tiny-random")
+    reloaded = PeftModel.from_pretrained(loaded.model, str(ckpt / "adapters" / "solver"), adapter_name="solver")
+    reloaded.load_adapter(str(ckpt / "adapters" / "checker"), adapter_name="checker")
+    ids = torch.tensor([[1, 2, 3, 4, 5, 6]])
+    with torch.no_grad():
+        reloaded.set_adapter("solver")
+        solver_logits = reloaded(ids).logits
+        reloaded.set_adapter("checker")
+        checker_logits = reloaded(ids).logits
+    assert not torch.allclose(solver_logits, checker_logits)  # two policies, trained apart
+
+
+@pytest.mark.slow
+def test_self_debate_with_an_adapter_per_role_as_typed(tmp_path: Path) -> None:
+    """The issue's command, scaled down to tiny-random: gsm8k from ../shared/data, self-debate, two LoRA roles."""
+    from rllm_core.cli.app import build_app
+
+    res = CliRunner().invoke(build_app(), [
+        "train", "gsm8k", "--workflow", "self-debate", "--roles", "debater=lora:debater,moderator=lora:moderator",
+        "--model", "tiny-random", "--max-steps", "1", "--batch-size", "1", "--group-size", "2", "--max-tokens", "4",
+        "--eval-examples", "0", "--no-bf16", "--no-progress", "--output", str(tmp_path / "run")])
+    assert res.exit_code == 0, res.output
+    record = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1]
+    assert record["train/adapter/debater/rows"] == 4 and record["train/adapter/moderator/rows"] == 2
+    assert sorted(p.name for p in (tmp_path / "run" / "checkpoints" / "step_1" / "adapters").iterdir()
+                  if p.is_dir()) == ["debater", "moderator", "shared"]
 
 
 # -------------------------------------------------------------------------------- tiny-random, evaluated
