@@ -6,11 +6,18 @@ and the policy server's base_url, and gets Episodes with rewards, reasons and pe
 Scoring runs in worker threads (graders may run sandboxed code or sympy), off the event loop. A trajectory
 whose metadata carries its own `answer` (solver-judge, self-debate) is graded on that answer, so roles get
 their own rewards; other trajectories keep `reward=None` and take the episode's when grouped.
+
+An episode whose conversation outgrew the model's context ends `context_exceeded`, never `error`
+(`mark_context_exceeded`): either the agent crashed on the server refusing the prompt as too long (the openai
+SDK's BadRequestError with the policy server's, vLLM's, OpenAI's, SGLang's or llama.cpp's message), or the agent
+ended the episode itself and said so with `artifacts["context_exceeded_at_turn"]`. Its steps so far are kept;
+`artifacts["context_exceeded_at_turn"]` is the 1-based LLM call the server refused.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import time
 import traceback
 from collections.abc import Callable, Sequence
@@ -21,13 +28,93 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from rllm_core.errors import ConfigError
 from rllm_core.rollout import Rollout, as_rollout
-from rllm_core.types import Episode, Task
+from rllm_core.types import Episode, Task, TerminationReason
 
 if TYPE_CHECKING:
     from rllm_core.benchmarks.base import Benchmark
     from rllm_core.gateway.client import GatewayClient
 
-__all__ = ["EngineStats", "episode_token_counts", "run_episodes", "score_episode"]
+__all__ = ["CONTEXT_EXCEEDED", "EngineStats", "context_exceeded_message", "episode_token_counts",
+           "is_context_exceeded", "mark_context_exceeded", "run_episodes", "score_episode"]
+
+CONTEXT_EXCEEDED: TerminationReason = "context_exceeded"
+"""The termination (and reward) reason of an episode whose prompt no longer fit the model's context."""
+
+_CONTEXT_FULL = re.compile(
+    r"context[ _]?(length|window|size)"  # policy server, vLLM 0.x, OpenAI (+ code context_length_exceeded), SGLang,
+    r"|max(imum)?[ _]model[ _]len"  # vLLM v1 ("longer than the maximum model length", "max_model_len")
+    r"|exceed_context_size|no room in the model|prompt is too long|input prompt .{0,40}too long",
+    re.IGNORECASE,
+)
+"""What servers say when they refuse a prompt (plus max_tokens) that does not fit the model's context: the
+policy server "… is over the model's context length of 2048" / "… leaves no room in the model's context";
+vLLM "This model's maximum context length is 2048 tokens …" / "… longer than the maximum model length of …";
+OpenAI code `context_length_exceeded`; llama.cpp "exceeds the available context size"; Anthropic "prompt is too
+long"; litellm's ContextWindowExceededError."""
+
+_REFUSED = re.compile(r"BadRequest|\b(400|413)\b|ContextWindowExceeded|context_length_exceeded", re.IGNORECASE)
+"""A client error line that is a 400/413 refusal (only those are context refusals; a 500 mentioning the context
+length is a server bug)."""
+
+
+def is_context_exceeded(message: str | None) -> bool:
+    """True when an error message is a server refusing a prompt too long for the model's context."""
+    return bool(message) and _CONTEXT_FULL.search(message or "") is not None
+
+
+def context_exceeded_message(exc: BaseException) -> str | None:
+    """The server's message when `exc` is an openai SDK 400/413 refusing a prompt that does not fit the
+    context (what agents catch to end an episode cleanly at a full context), else None."""
+    status = getattr(exc, "status_code", None)
+    if status not in (400, 413):
+        return None
+    body = getattr(exc, "body", None)
+    inner = body.get("error", body) if isinstance(body, dict) else None
+    message = inner.get("message") if isinstance(inner, dict) else None
+    text = message if isinstance(message, str) else str(exc)
+    code = inner.get("code") if isinstance(inner, dict) else None
+    return text if is_context_exceeded(text) or code == "context_length_exceeded" else None
+
+
+def _refusal_line(error: str, episode: Episode) -> str | None:
+    """The exception line of a traceback that is a context refusal, else None. The line itself may say it (the
+    openai SDK puts the server's body in it); or, for clients that do not (httpx's raise_for_status), a 400 line
+    whose failed call the gateway recorded with the server's body."""
+    lines = [line.strip() for line in error.strip().splitlines() if line.strip()]
+    if not lines or not _REFUSED.search(lines[-1]):
+        return None
+    last = lines[-1]
+    if is_context_exceeded(last):
+        return last[:500]
+    failed = [s for s in episode.steps if s.error is not None]
+    if failed and is_context_exceeded(failed[-1].error):
+        return (failed[-1].error or "")[:500]
+    return None
+
+
+def mark_context_exceeded(episode: Episode) -> bool:
+    """Give an episode that ran out of context its own reason instead of `error`; True when it did.
+
+    Two cases: the agent raised on the server's refusal (the traceback's last line is a 400 about the context),
+    so the error becomes artifacts `context_exceeded_at_turn` (the refused call: the calls that succeeded + 1) and
+    `context_exceeded_message`, and `episode.error` is cleared; or the agent ended cleanly and said so with
+    `artifacts["context_exceeded_at_turn"]`. Either way `termination_reason` becomes `context_exceeded`.
+    Idempotent; other episodes are left alone."""
+    art = episode.artifacts
+    if episode.error is None:
+        if "context_exceeded_at_turn" in art and episode.termination_reason in (None, "completed"):
+            episode.termination_reason = CONTEXT_EXCEEDED
+        return "context_exceeded_at_turn" in art and episode.termination_reason == CONTEXT_EXCEEDED
+    if episode.termination_reason != "error":
+        return False
+    line = _refusal_line(episode.error, episode)
+    if line is None:
+        return False
+    art.setdefault("context_exceeded_at_turn", sum(1 for s in episode.steps if s.error is None) + 1)
+    art.setdefault("context_exceeded_message", line)
+    episode.error = None
+    episode.termination_reason = CONTEXT_EXCEEDED
+    return True
 
 
 def episode_token_counts(episode: Episode) -> tuple[int, int]:
@@ -70,7 +157,9 @@ class EngineStats:
 
 
 async def score_episode(benchmark: Benchmark, task: Task, episode: Episode) -> Episode:
-    """Fill reward, reward_reason, is_correct (and per-role trajectory rewards); never raises."""
+    """Fill reward, reward_reason, is_correct (and per-role trajectory rewards); never raises. An episode that
+    ran out of context is marked first (`mark_context_exceeded`), so the benchmark scores it as such."""
+    mark_context_exceeded(episode)
     try:
         result = await asyncio.to_thread(benchmark.score, task, episode)
         episode.reward, episode.reward_reason, episode.is_correct = result.reward, result.reason, result.is_correct
@@ -141,6 +230,7 @@ async def run_episodes(
                 raise
             except Exception as exc:
                 ep = _failed_episode(task, attempt, ro, exc)
+            mark_context_exceeded(ep)
             if benchmark is not None:
                 await score_episode(benchmark, task, ep)
         results[i] = ep

@@ -241,14 +241,56 @@ async def test_auto_falls_back_to_text_when_tools_are_refused(sandbox: Subproces
 
 
 @pytest.mark.usefixtures("refusing")
-async def test_tools_only_and_context_overflow_end_cleanly(sandbox: SubprocessSandbox) -> None:
+async def test_tools_only_and_context_exceeded_end_cleanly(sandbox: SubprocessSandbox) -> None:
     with start_fake_upstream(scripted(["```bash\nseq 1 2000\n```"])) as up:
         refused = await run(up, sandbox, action_format="tools")
         full = await run(up, sandbox, action_format="text", max_observation_chars=4000)
     assert refused.error is None and refused.artifacts["stop_reason"] == "model_error"
     assert "does not support tools" in refused.artifacts["error"] and refused.artifacts["turns"] == 0
-    assert full.error is None and full.artifacts["stop_reason"] == "context_overflow"
+    assert full.error is None and full.artifacts["stop_reason"] == "context_exceeded"
     assert "context length" in full.artifacts["error"] and full.artifacts["turns"] == 1
+    assert full.artifacts["context_exceeded_at_turn"] == 2 and "context_exceeded_at_turn" not in refused.artifacts
+
+
+def test_terminal_scores_an_undone_task_that_ran_out_of_context_as_context_exceeded() -> None:
+    """The verifier's verdict stands when the task is done; otherwise a full context is the reason (its partial
+    reward kept); infrastructure failures keep their own reason."""
+    from rllm_envs.harbor.episode import HarborVerdict
+    from rllm_envs.terminal.benchmark import TerminalBenchmark
+
+    bench = TerminalBenchmark()
+    task = bench.load(max_examples=1)[0]
+
+    def scored(reason: str, reward: float, **art: Any) -> tuple[float, str]:
+        verdict = HarborVerdict(task_id=task.id, reason=reason, reward=reward).model_dump(mode="json")  # type: ignore[arg-type]
+        result = bench.score(task, Episode(task=task, termination_reason="completed",
+                                           artifacts={"harbor": verdict, **art}))
+        return result.reward, result.reason
+
+    full = {"stop_reason": "context_exceeded", "context_exceeded_at_turn": 7}
+    assert scored("wrong_answer", 0.5, **full) == (0.5, "context_exceeded")
+    assert scored("correct", 1.0, **full) == (1.0, "correct")
+    assert scored("sandbox_error", 0.0, **full) == (0.0, "sandbox_error")
+    assert scored("wrong_answer", 0.0) == (0.0, "wrong_answer")
+
+
+async def test_terminal_default_agent_turns_and_the_max_turns_override(sandbox: SubprocessSandbox) -> None:
+    """`rllm eval/train terminal` run the agent with MAX_TURNS turns; `task.metadata["max_turns"]` (what
+    `rllm eval --max-turns` sets) overrides it, and a run's `terminal_agent` option overrides that."""
+    from rllm_envs.terminal.benchmark import MAX_TURNS, TURN_TOKENS, TerminalBenchmark
+
+    bench = TerminalBenchmark()
+    agent = bench.default_rollout()
+    assert agent.name == "terminal" and bench.eval_defaults == {"max_tokens": TURN_TOKENS}
+    with start_fake_upstream(scripted([bash("true")])) as up:
+        ep = await run(up, sandbox, agent=agent)
+        assert ep.artifacts["stop_reason"] == "max_turns" and ep.artifacts["turns"] == MAX_TURNS
+        assert ep.artifacts["max_turns"] == MAX_TURNS
+        capped = Task(id="t2", instruction="Make /app/out.txt say hello.", metadata={"max_turns": 2})
+        ep = await run(up, sandbox, task=capped, agent=agent)
+        assert ep.artifacts["turns"] == 2
+        ep = await run(up, sandbox, task=capped, agent=agent, max_turns=3)
+        assert ep.artifacts["turns"] == 3
 
 
 async def test_server_errors_end_the_episode_with_model_error(sandbox: SubprocessSandbox) -> None:

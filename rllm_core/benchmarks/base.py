@@ -2,12 +2,17 @@
 
 Subclasses implement `load` (rows → Tasks) and `grade` (a final response → RewardResult). `score` wraps
 `grade` with what is the same for every benchmark: an episode that errored or timed out is scored with that
-reason, and a wrong answer whose last LLM call hit its token limit is reported as `truncated`, so a summary
-tells "the model was cut off" from "the model was wrong".
+reason, a wrong answer whose last LLM call hit its token limit is reported as `truncated`, and a wrong answer of
+an episode that ran out of context (`termination_reason` context_exceeded, see `rllm_core.engine`) as
+`context_exceeded`, so a summary tells "the model was cut off" from "the model was wrong".
+
+`train_defaults` / `eval_defaults` are the benchmark's recommended `rllm train` / `rllm eval` options (a multi-turn
+benchmark wants a small per-turn token budget); they fill only the options the user left unset.
 """
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from typing import Any, ClassVar
@@ -17,7 +22,7 @@ from rllm_core.rewards.types import RewardResult
 from rllm_core.rollout import Rollout
 from rllm_core.types import Episode, Task
 
-__all__ = ["Benchmark", "last_finish_reason", "response_text"]
+__all__ = ["Benchmark", "context_exceeded_result", "last_finish_reason", "recommended_unset", "response_text"]
 
 
 def response_text(episode: Episode) -> str:
@@ -34,6 +39,31 @@ def last_finish_reason(episode: Episode) -> str | None:
     return steps[-1].finish_reason if steps else None
 
 
+def recommended_unset(recommended: Mapping[str, Any], fields: Any, given: Any, benchmark: str, what: str
+                      ) -> dict[str, Any]:
+    """The benchmark's recommended options (`train_defaults` / `eval_defaults`) that name a field of `fields` and
+    that the user did not set (`given`, a model's `model_fields_set`); unknown names are warned about once here."""
+    unknown = sorted(set(recommended) - set(fields))
+    if unknown:
+        logging.getLogger("rllm.benchmarks").warning("benchmark %r recommends unknown %s options %s; ignored",
+                                                     benchmark, what, unknown)
+    return {k: v for k, v in recommended.items() if k in fields and k not in given}
+
+
+_ANSWER_REASONS = ("wrong_answer", "no_answer_extracted", "format_error", "truncated")
+"""Reasons about the answer itself, which a full context explains; errors, timeouts and sandbox failures stay."""
+
+
+def context_exceeded_result(episode: Episode, result: RewardResult) -> RewardResult:
+    """`result` with reason `context_exceeded` when the episode ran out of context (the agent ended it, or the
+    server refused its prompt: `artifacts["context_exceeded_at_turn"]`) and the answer was not right (a reason of
+    `_ANSWER_REASONS`); the reward the grader gave is kept (a verifier's partial credit for what was done is
+    real). Otherwise `result` as is."""
+    if result.is_correct or result.reason not in _ANSWER_REASONS or "context_exceeded_at_turn" not in episode.artifacts:
+        return result
+    return result.model_copy(update={"reason": "context_exceeded"})
+
+
 class Benchmark(ABC):
     """A benchmark: `name`, `category`, `reward` (grader kind), `offline`, `load`, `score`, `default_rollout`."""
 
@@ -47,6 +77,10 @@ class Benchmark(ABC):
     train_defaults: ClassVar[Mapping[str, Any]] = {}
     """Recommended `rllm train` options for this task (e.g. a short max_tokens for one-number answers); they
     fill only the options the user left unset."""
+    eval_defaults: ClassVar[Mapping[str, Any]] = {}
+    """Recommended `rllm eval` options (`rllm_core.eval.EvalOptions` names, e.g. max_tokens per LLM call,
+    concurrency); they fill only the options the user left unset (a flag always wins). Keep them consistent with
+    `train_defaults`: an agent should be evaluated the way it is trained."""
 
     @property
     def offline(self) -> bool:
@@ -76,7 +110,8 @@ class Benchmark(ABC):
             return RewardResult.fail("timeout", note=episode.error or "")
         if episode.error is not None or episode.termination_reason in ("error", "cancelled"):
             return RewardResult.fail("error", note=(episode.error or "")[-500:])
-        return self.score_response(task, response_text(episode), last_finish_reason(episode))
+        result = self.score_response(task, response_text(episode), last_finish_reason(episode))
+        return context_exceeded_result(episode, result)
 
     def score_response(self, task: Task, response: str, finish_reason: str | None = None) -> RewardResult:
         """`grade`, plus what holds for every grader: a wrong answer cut off by the token limit

@@ -5,26 +5,48 @@ UP), and gets the next observation, until it reaches the goal (reward 1), falls 
 turns. The lake is deterministic (`is_slippery=False`) so a plan can be checked, and maps are generated
 from a seed per split. `grade` replays the moves found in a text answer, so a one-shot plan is scored by
 the same environment the multi-turn rollout plays.
+
+A move is one word, so the benchmark recommends a small per-turn token budget for eval and train alike
+(`MOVE_TOKENS`, its `eval_defaults` / `train_defaults`): an uncapped reply only adds rambling to a history that
+grows every turn. The turn limit is `max_turns` (4 x size unless given), stored in each task's metadata (what the
+agent reads; `rllm eval --max-turns N` overrides it).
+
+When the history no longer fits the model's context, the server refuses the next call (HTTP 400) and the agent
+ends the episode with outcome `context_exceeded` and `context_exceeded_at_turn`, the turn that was refused (scored
+`context_exceeded`, not `error`). It asks the server rather than counting itself: only the server knows its chat
+template, tokenizer and context length exactly, and refusing a prompt costs it a tokenization, no decoding.
 """
 
 from __future__ import annotations
 
 import re
 from collections import deque
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, ClassVar
 
-from rllm_core.benchmarks.base import Benchmark
+import openai
+
+from rllm_core.benchmarks.base import Benchmark, context_exceeded_result
+from rllm_core.engine import context_exceeded_message
 from rllm_core.errors import BenchmarkError
 from rllm_core.rewards.types import RewardResult
 from rllm_core.rollout import Rollout, RolloutConfig, rollout
 from rllm_core.types import Episode, Task
 from rllm_core.workflows.chat import chat, make_client
 
-__all__ = ["ACTIONS", "FrozenLake", "parse_action", "play", "solve"]
+__all__ = ["ACTIONS", "MOVE_TOKENS", "FrozenLake", "parse_action", "play", "solve"]
 
 ACTIONS = ("LEFT", "DOWN", "RIGHT", "UP")
 _MOVES = {0: (0, -1), 1: (1, 0), 2: (0, 1), 3: (-1, 0)}
 _ROWS = {"train": 1000, "test": 100}
+MOVE_TOKENS = 24
+"""Completion tokens per turn that `rllm eval` / `rllm train` use here unless told otherwise. A move is one word;
+the embedded SmolLM2-135M answers greedily in 10-13 tokens ("P\n\nP is the only move."), and 24 leaves room for
+"I move RIGHT." plus a short reason, while a sampled ramble is cut before it can fill the context: with 24-token
+replies a whole 4x4 episode (16 turns) is ~1,060 tokens in SmolLM2's chat template, an 8x8 one (32 turns) ~2,840,
+past a 2,048-token context (those end `context_exceeded`). At the 512 `rllm eval` gives other benchmarks, four
+rambling turns fill 2,048 tokens, and `rllm eval frozenlake -n 4` on the embedded model had 2 episodes still
+decoding after 52 min; at 24 it took 4 min."""
 SYSTEM = ("You are playing FrozenLake. The map uses S (start), F (frozen, safe), H (hole: you lose), G (goal) and "
           "P (you). Reach G without stepping on H. Each turn, reply with exactly one move: LEFT, DOWN, RIGHT or UP.")
 
@@ -94,12 +116,17 @@ class FrozenLake(Benchmark):
     reward = "environment"
     splits = ("train", "test")
     source = "gymnasium FrozenLake-v1 (is_slippery=False), generated maps"
+    train_defaults: ClassVar[Mapping[str, Any]] = {"max_tokens": MOVE_TOKENS}
+    eval_defaults: ClassVar[Mapping[str, Any]] = {"max_tokens": MOVE_TOKENS}
 
-    def __init__(self, size: int = 4, name: str | None = None) -> None:
+    def __init__(self, size: int = 4, name: str | None = None, max_turns: int | None = None) -> None:
+        if max_turns is not None and max_turns < 1:
+            raise BenchmarkError(f"FrozenLake max_turns must be at least 1 (got {max_turns})")
         self.size = size
         self.name = name or ("frozenlake" if size == 4 else f"frozenlake-{size}x{size}")
-        self.max_turns = 4 * size
-        self.description = f"FrozenLake {size}x{size}, multi-turn"
+        self.max_turns = max_turns or 4 * size
+        """Moves (LLM calls) an episode gets at most; every task carries it as `metadata["max_turns"]`."""
+        self.description = f"FrozenLake {size}x{size}, multi-turn (at most {self.max_turns} turns)"
 
     def rows(self, split: str = "test") -> int | None:
         return _ROWS[split]
@@ -130,6 +157,8 @@ class FrozenLake(Benchmark):
     @staticmethod
     def _result(art: dict[str, Any]) -> RewardResult:
         extracted = " ".join(art.get("actions", []))
+        if art.get("outcome") == "context_exceeded" and not art.get("reached_goal"):
+            return RewardResult.fail("context_exceeded", extracted, outcome="context_exceeded")
         if art.get("reached_goal"):
             return RewardResult.correct(extracted, outcome="goal")
         if art.get("outcome") == "format" or (not art.get("actions") and art.get("invalid_moves")):
@@ -138,7 +167,7 @@ class FrozenLake(Benchmark):
 
     def score(self, task: Task, episode: Episode) -> RewardResult:
         if "outcome" in episode.artifacts and episode.error is None:
-            return self._result(episode.artifacts)
+            return context_exceeded_result(episode, self._result(episode.artifacts))
         return super().score(task, episode)
 
     def reference_response(self, task: Task) -> str:
@@ -150,7 +179,11 @@ class FrozenLake(Benchmark):
 
 @rollout(name="player")
 async def frozenlake_agent(task: Task, config: RolloutConfig) -> dict[str, Any]:
-    """Multi-turn: the conversation grows each turn (observation, move), so turns merge into one sequence."""
+    """Multi-turn: the conversation grows each turn (observation, move), so turns merge into one sequence.
+
+    Ends at the goal, in a hole, after `task.metadata["max_turns"]` turns, or when the server refuses a turn's
+    prompt as longer than its context: outcome `context_exceeded`, `context_exceeded_at_turn` the refused turn
+    (1-based), the turns before it kept (module docstring). Any other model error is raised (scored `error`)."""
     desc: list[str] = task.metadata["desc"]
     max_turns = int(task.metadata.get("max_turns", 16))
     env = _make_env(desc)
@@ -158,9 +191,18 @@ async def frozenlake_agent(task: Task, config: RolloutConfig) -> dict[str, Any]:
     messages: list[dict[str, Any]] = [{"role": "user", "content": str(task.instruction)}]
     taken: list[str] = []
     reward, outcome, invalid, last = 0.0, "max_turns", 0, ""
+    extra: dict[str, Any] = {}
     async with make_client(config) as client:
-        for _ in range(max_turns):
-            reply = await chat(client, config, messages)
+        for turn in range(1, max_turns + 1):
+            try:
+                reply = await chat(client, config, messages)
+            except openai.APIStatusError as exc:
+                refusal = context_exceeded_message(exc)
+                if refusal is None:
+                    raise
+                outcome = "context_exceeded"
+                extra = {"context_exceeded_at_turn": turn, "context_exceeded_message": refusal[:500]}
+                break
             last = reply.text
             messages.append({"role": "assistant", "content": reply.text})
             action = parse_action(reply.text)
@@ -177,7 +219,8 @@ async def frozenlake_agent(task: Task, config: RolloutConfig) -> dict[str, Any]:
             observation = f"You moved {ACTIONS[action]}.\n{render(desc, int(state))}\n\nYour move?"
             messages.append({"role": "user", "content": observation})
     env.close()
-    if not taken and invalid:
+    if not taken and invalid and outcome == "max_turns":
         outcome = "format"
     return {"answer": last, "env_reward": reward, "reached_goal": reward > 0, "outcome": outcome,
-            "actions": taken, "invalid_moves": invalid, "turns": len(taken) + invalid}
+            "actions": taken, "invalid_moves": invalid, "turns": len(taken) + invalid, "max_turns": max_turns,
+            **extra}

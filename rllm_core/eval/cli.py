@@ -26,7 +26,9 @@ def eval_command(
         None, "--backend", help="Sample through a training backend (e.g. tinker; --model: base model or run dir).",
     ),
     attempts: int = typer.Option(1, "--attempts", "-k", help="Attempts per task (pass@k)."),
-    concurrency: int = typer.Option(16, "--concurrency", "-c", help="Episodes in flight at once."),
+    concurrency: int | None = typer.Option(
+        None, "--concurrency", "-c", help="Episodes in flight at once (default 16, or the benchmark's).",
+    ),
     agent: str | None = typer.Option(None, "--agent", help="Your @rllm.rollout as 'package.module:function'."),
     workflow: str | None = typer.Option(
         None, "--workflow",
@@ -34,7 +36,12 @@ def eval_command(
     ),
     output: Path | None = typer.Option(None, "--output", "-o", help="Output folder (default rllm-runs/eval-...)."),
     data_dir: Path | None = typer.Option(None, "--data-dir", help="Benchmark files folder (default $RLLM_DATA_DIR)."),
-    max_tokens: int = typer.Option(512, "--max-tokens", help="Max completion tokens per LLM call."),
+    max_tokens: int | None = typer.Option(
+        None, "--max-tokens", help="Max completion tokens per LLM call (default 512, or the benchmark's).",
+    ),
+    max_turns: int | None = typer.Option(
+        None, "--max-turns", help="Turns per episode of multi-turn benchmarks (default: the benchmark's).",
+    ),
     temperature: float | None = typer.Option(None, "--temperature", help="Default 0 (1 with --attempts > 1)."),
     timeout: float | None = typer.Option(None, "--timeout", help="Seconds per episode before it is stopped."),
     seed: int = typer.Option(0, "--seed", help="Seed for generated benchmarks."),
@@ -58,13 +65,14 @@ def eval_command(
     from rllm_core.eval.runner import EvalOptions, run_eval  # late: `rllm --help` / `rllm model` stay light
     from rllm_core.eval.summary import print_summary
 
+    given = dict(benchmark=benchmark, split=split, max_examples=max_examples, base_url=base_url, model=model,
+                 api_key=api_key, backend=backend, sandbox=sandbox, attempts=attempts, concurrency=concurrency,
+                 agent=agent, workflow=workflow, output=output, data_dir=data_dir, max_tokens=max_tokens,
+                 max_turns=max_turns, temperature=temperature, timeout_s=timeout, seed=seed,
+                 progress=not no_progress, rollout_workers=rollout_workers, ray_address=ray_address)
     try:
-        opts = EvalOptions(benchmark=benchmark, split=split, max_examples=max_examples, base_url=base_url,
-                           model=model, api_key=api_key, backend=backend, sandbox=sandbox, attempts=attempts,
-                           concurrency=concurrency, agent=agent, workflow=workflow, output=output,
-                           data_dir=data_dir, max_tokens=max_tokens, temperature=temperature, timeout_s=timeout,
-                           seed=seed, progress=not no_progress, rollout_workers=rollout_workers,
-                           ray_address=ray_address)
+        # An option left out stays unset (not None), so the benchmark's eval_defaults may fill it; a flag wins.
+        opts = EvalOptions(**{k: v for k, v in given.items() if v is not None})
         result = run_eval(opts)
     except RLLMError as exc:
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)

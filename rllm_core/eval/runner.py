@@ -1,7 +1,9 @@
 """`rllm eval` as a function: options in, episodes.jsonl + summary.json out, an EvalSummary back.
 
 Everything that can be wrong with the input is checked before the first episode: the benchmark name, its
-data, the agent or workflow, the endpoint. Then the engine runs the episodes (a crash or timeout becomes
+data, the agent or workflow, the endpoint. The benchmark's `eval_defaults` (e.g. FrozenLake's small per-turn
+max_tokens) fill the options the caller left unset (`apply_eval_defaults`; said in one line, and saved in
+config.yaml and summary.json as `benchmark_defaults`). Then the engine runs the episodes (a crash or timeout becomes
 an episode with that reason) and each finished episode is appended to episodes.jsonl as it completes.
 
 With `rollout_workers > 0` the episodes run in that many Ray actors (`rllm_core.distributed`) on a local
@@ -17,14 +19,17 @@ figures in metrics.jsonl.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, ValidationError
+from rich.console import Console
 
+from rllm_core.benchmarks.base import recommended_unset
 from rllm_core.benchmarks.registry import get_benchmark
 from rllm_core.engine import run_episodes
 from rllm_core.errors import ConfigError
@@ -39,10 +44,15 @@ from rllm_core.types import Episode, Task
 if TYPE_CHECKING:
     from rllm_core.benchmarks.base import Benchmark
 
-__all__ = ["EvalOptions", "EvalResult", "run_eval"]
+__all__ = ["EvalOptions", "EvalResult", "apply_eval_defaults", "run_eval"]
+
+log = logging.getLogger("rllm.eval")
 
 
 class EvalOptions(BaseModel):
+    """What `rllm eval` runs. A field left unset (not passed) may be filled by the benchmark's `eval_defaults`;
+    one passed explicitly, even with its default value, is kept."""
+
     model_config = ConfigDict(extra="forbid")
 
     benchmark: str
@@ -62,6 +72,10 @@ class EvalOptions(BaseModel):
     output: Path | None = None
     data_dir: Path | None = None
     max_tokens: int = 512
+    """Completion tokens per LLM call (per turn of a multi-turn agent)."""
+    max_turns: int | None = None
+    """Turns per episode of multi-turn agents, which read it from `task.metadata["max_turns"]` (frozenlake,
+    terminal); None: the benchmark's own limit."""
     temperature: float | None = None
     """None: greedy (0.0) for one attempt, 1.0 when sampling several (pass@k needs diverse attempts)."""
     timeout_s: float | None = None
@@ -101,6 +115,21 @@ def _output_dir(opts: EvalOptions) -> Path:
     return out
 
 
+def apply_eval_defaults(opts: EvalOptions, benchmark: Any) -> tuple[EvalOptions, dict[str, Any]]:
+    """The options with the benchmark's recommendations (`benchmark.eval_defaults`, EvalOptions names) for every
+    option the caller did not set, and what was applied. Precedence: EvalOptions defaults < benchmark < what the
+    caller passed (a flag). Unknown names are warned about and ignored; a bad value is a ConfigError."""
+    applied = recommended_unset(getattr(benchmark, "eval_defaults", None) or {}, EvalOptions.model_fields,
+                                opts.model_fields_set, opts.benchmark, "eval")
+    if not applied:
+        return opts, {}
+    try:
+        return EvalOptions.model_validate({**opts.model_dump(exclude_unset=True), **applied}), applied
+    except ValidationError as exc:
+        raise ConfigError(f"benchmark {opts.benchmark!r} recommends bad eval options {applied}: "
+                          f"{exc.errors()[0].get('msg')}; pass the option yourself") from None
+
+
 def _check_numbers(opts: EvalOptions) -> None:
     if opts.attempts < 1 or opts.concurrency < 1:
         raise ConfigError(f"--attempts and --concurrency must be at least 1 (got {opts.attempts}, {opts.concurrency})")
@@ -108,6 +137,8 @@ def _check_numbers(opts: EvalOptions) -> None:
         raise ConfigError(f"--max-examples must be at least 1 (got {opts.max_examples}); omit it for every row")
     if opts.max_tokens < 1:
         raise ConfigError(f"--max-tokens must be at least 1 (got {opts.max_tokens})")
+    if opts.max_turns is not None and opts.max_turns < 1:
+        raise ConfigError(f"--max-turns must be at least 1 (got {opts.max_turns}); omit it for the benchmark's")
     if opts.temperature is not None and opts.temperature < 0:
         raise ConfigError(f"--temperature must be 0 or more (got {opts.temperature}); 0 is greedy")
     if opts.timeout_s is not None and opts.timeout_s <= 0:
@@ -120,22 +151,36 @@ def _check_numbers(opts: EvalOptions) -> None:
                           "run the episodes); without it the episodes run in this process and Ray is not used")
 
 
-def run_eval(opts: EvalOptions) -> EvalResult:
-    """Check every input, open the endpoint, run the episodes, write episodes.jsonl and summary.json."""
+def run_eval(opts: EvalOptions, console: Console | None = None) -> EvalResult:
+    """Check every input, open the endpoint, run the episodes, write episodes.jsonl and summary.json.
+
+    The benchmark's `eval_defaults` fill the options `opts` left unset; the line saying so goes to `console`
+    (default: stdout; `Console(quiet=True)` for none)."""
     _check_numbers(opts)
     if opts.ray_address is not None:  # a wrong address fails in seconds, before data or endpoint are touched
         from rllm_core.distributed import check_ray_address
 
         check_ray_address(opts.ray_address)
     bench = get_benchmark(opts.benchmark)
+    opts, recommended = apply_eval_defaults(opts, bench)
+    if recommended:
+        _check_numbers(opts)
+        shown = ", ".join(f"{k}={v}" for k, v in recommended.items())
+        (console or Console()).print(f"[dim]{bench.name}'s recommended eval settings: {shown} (a flag overrides "
+                                     "them)[/dim]", soft_wrap=True, highlight=False)
     tasks = bench.load(split=opts.split, data_dir=str(opts.data_dir) if opts.data_dir else None,
                        max_examples=opts.max_examples, seed=opts.seed)
     if not tasks:
         raise ConfigError(f"benchmark {bench.name!r} split {opts.split!r} has no rows to evaluate")
+    if opts.max_turns is not None:  # in the task, so it travels with it (Ray workers) and shows in episodes.jsonl
+        for task in tasks:
+            task.metadata["max_turns"] = opts.max_turns
     rollout = _rollout(opts, bench)
     temperature = opts.temperature if opts.temperature is not None else (0.0 if opts.attempts == 1 else 1.0)
     sampling: dict[str, Any] = {"temperature": temperature, "max_tokens": opts.max_tokens}
     config = opts.model_dump(mode="json", exclude={"api_key"})
+    if recommended:
+        config["benchmark_defaults"] = dict(recommended)
     with open_endpoint(opts.base_url, opts.model, opts.api_key, backend=opts.backend) as endpoint:
         out = _output_dir(opts)
         episodes_path, summary_path = out / "episodes.jsonl", out / "summary.json"
@@ -188,6 +233,7 @@ def _summary_record(summary: EvalSummary) -> dict[str, Any]:
     n = summary.n_episodes or 1
     return {"reward/mean": summary.mean_reward, "reward/accuracy": summary.accuracy, **summary.pass_at_k,
             "episode/count": summary.n_episodes, "episode/tasks": summary.n_tasks, "episode/errors": summary.errors,
+            "episode/context_exceeded": summary.context_exceeded,
             "episode/response_tokens_mean": summary.completion_tokens / n,
             **{f"reason/{r}": c / n for r, c in summary.reasons.items()},
             "tokens/prompt": summary.prompt_tokens, "tokens/completion": summary.completion_tokens,

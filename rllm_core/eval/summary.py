@@ -1,5 +1,9 @@
 """What an eval run reports: accuracy, pass@k (unbiased estimator), mean reward, reasons, tokens, time.
 
+`reasons` counts each reward reason (correct, wrong_answer, truncated, context_exceeded, error, ...) and
+`terminations` how the episodes ended (completed, error, timeout, context_exceeded, ...); an episode that ran out
+of context is neither an error nor counted in `errors`, and `context_exceeded` says how many did.
+
 pass@k uses the unbiased estimator of Chen et al. (2021): with n attempts of which c are correct,
 pass@k = 1 - C(n-c, k) / C(n, k), averaged over tasks; reported for k = 1, 2, 4, ... up to the attempts.
 """
@@ -75,6 +79,10 @@ class EvalSummary(BaseModel):
     pass_at_k: dict[str, float] = Field(default_factory=dict)
     mean_reward: float
     reasons: dict[str, int] = Field(default_factory=dict)
+    terminations: dict[str, int] = Field(default_factory=dict)
+    """How many episodes ended each way (`Episode.termination_reason`: completed, error, timeout, ...)."""
+    context_exceeded: int = 0
+    """Episodes that ended because their prompt no longer fit the model's context (`rllm_core.engine`)."""
     prompt_tokens: int = 0
     completion_tokens: int = 0
     tokens_per_s: float = 0.0
@@ -113,11 +121,14 @@ def summarize(episodes: Sequence[Episode], *, benchmark: str, split: str, model:
         p, c = episode_token_counts(ep)
         prompt, completion = prompt + p, completion + c
     reasons = Counter(e.reward_reason or "unscored" for e in episodes)
+    terminations = Counter(e.termination_reason or "unknown" for e in episodes)
+    context_full = sum(1 for e in episodes if "context_exceeded_at_turn" in e.artifacts)
     return EvalSummary(
         benchmark=benchmark, split=split, model=model, base_url=base_url, n_tasks=len(by_task), n_episodes=n_eps,
         attempts=attempts, accuracy=correct / n_eps if n_eps else 0.0, pass_at_k=passk,
         mean_reward=sum(e.reward or 0.0 for e in episodes) / n_eps if n_eps else 0.0,
-        reasons=dict(reasons.most_common()), prompt_tokens=prompt, completion_tokens=completion,
+        reasons=dict(reasons.most_common()), terminations=dict(terminations.most_common()),
+        context_exceeded=context_full, prompt_tokens=prompt, completion_tokens=completion,
         tokens_per_s=completion / wall_time_s if wall_time_s > 0 else 0.0, wall_time_s=wall_time_s,
         errors=sum(1 for e in episodes if e.error is not None), first_error=first_error_line(episodes),
         roles=summarize_roles(episodes),
@@ -135,6 +146,8 @@ def print_summary(summary: EvalSummary, console: Console | None = None) -> None:
         table.add_row(k, f"{v:.3f}")
     table.add_row("mean reward", f"{summary.mean_reward:.3f}")
     table.add_row("reasons", ", ".join(f"{r} {n}" for r, n in summary.reasons.items()))
+    if summary.context_exceeded:
+        table.add_row("context exceeded", f"{summary.context_exceeded} of {summary.n_episodes} episodes")
     for role, rs in summary.roles.items():
         table.add_row(f"role {role} (×{rs.trajectories})", f"mean reward {rs.mean_reward:.3f}")
     table.add_row("tokens (prompt / completion)", f"{summary.prompt_tokens:,} / {summary.completion_tokens:,}")

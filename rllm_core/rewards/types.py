@@ -14,13 +14,14 @@ __all__ = ["REASONS", "RewardReason", "RewardResult"]
 
 RewardReason = Literal[
     "correct", "wrong_answer", "no_answer_extracted", "format_error", "truncated", "timeout", "error",
-    "verifier_error", "sandbox_error",
+    "verifier_error", "sandbox_error", "context_exceeded",
 ]
 REASONS: tuple[str, ...] = (
     "correct", "wrong_answer", "no_answer_extracted", "format_error", "truncated", "timeout", "error",
-    "verifier_error", "sandbox_error",
+    "verifier_error", "sandbox_error", "context_exceeded",
 )
-"""`verifier_error` / `sandbox_error`: a sandboxed task's verifier wrote no usable reward / its sandbox failed."""
+"""`verifier_error` / `sandbox_error`: a sandboxed task's verifier wrote no usable reward / its sandbox failed;
+`context_exceeded`: a multi-turn episode outgrew the model's context before it answered right."""
 
 
 class RewardResult(BaseModel):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import logging
 from typing import Any
 
+from rllm_core.benchmarks.base import recommended_unset
 from rllm_core.errors import ConfigError
 from rllm_core.eval.agent import load_agent
 from rllm_core.rollout import Rollout
@@ -69,12 +70,8 @@ def apply_benchmark_defaults(config: TrainConfig, benchmark: Any) -> tuple[Train
     names, e.g. a short `max_tokens` for one-number answers) for every option the user did not set; and what
     was applied. Precedence: TrainConfig defaults < benchmark < config file < flags (a resumed run's saved
     config sets every option, so it is never changed)."""
-    recommended = getattr(benchmark, "train_defaults", None) or {}
-    unknown = sorted(set(recommended) - set(TrainConfig.model_fields))
-    if unknown:
-        log.warning("benchmark %r recommends unknown training options %s; ignored", config.benchmark, unknown)
-    applied = {k: v for k, v in recommended.items()
-               if k in TrainConfig.model_fields and k not in config.model_fields_set}
+    applied = recommended_unset(getattr(benchmark, "train_defaults", None) or {}, TrainConfig.model_fields,
+                                config.model_fields_set, config.benchmark, "training")
     if not applied:
         return config, {}
     return load_config(None, **{**config.model_dump(exclude_unset=True), **applied}), applied

@@ -20,7 +20,7 @@ from typing import Any
 
 from pydantic import ValidationError
 
-from rllm_core.benchmarks.base import Benchmark
+from rllm_core.benchmarks.base import Benchmark, context_exceeded_result
 from rllm_core.rewards.types import RewardResult
 from rllm_core.rollout import Rollout, RolloutConfig
 from rllm_core.sandbox import SandboxProvider, get_sandbox_provider
@@ -114,9 +114,10 @@ class HarborBenchmark(Benchmark):
                                          "through HarborBenchmark.wrap_rollout (the sandbox and verifier)")
             return base
         try:
-            return HarborVerdict.model_validate(verdict).to_reward_result()
+            result = HarborVerdict.model_validate(verdict).to_reward_result()
         except ValidationError as exc:
             return RewardResult.fail("error", note=f"unreadable verifier verdict: {exc}")
+        return context_exceeded_result(episode, result)  # a task left undone by an agent out of context
 
 
 # -------------------------------------------------------------------------------------------------- the episode

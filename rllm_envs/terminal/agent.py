@@ -8,24 +8,26 @@ episode into one train row with the observations masked out.
 
 It ends when the model answers without a command (tools) or says DONE (text), at `max_turns`, when the time budget
 is spent (the task's agent timeout, less a margin so the verifier still scores what was done), after
-`max_format_errors` replies in a row that it could not act on, or when the model endpoint refuses a call (context
-full, server error): never with an exception of its own. `artifacts["stop_reason"]` says which. Sandbox errors
+`max_format_errors` replies in a row that it could not act on, or when the model endpoint refuses a call (server
+error: `model_error`; a prompt longer than the model's context: `context_exceeded`, with
+`artifacts["context_exceeded_at_turn"]` the refused turn, so the episode is scored `context_exceeded` unless the
+verifier finds the task done): never with an exception of its own. `artifacts["stop_reason"]` says which. Sandbox errors
 (`SandboxError`) are not caught: the sandboxed episode around the agent scores them as `sandbox_error`.
 
 `action_format="auto"` (the default) offers the `bash` tool and, when the server refuses tools (a chat template
 without them, vLLM without a tool parser), switches to the text format for the rest of the episode and for later
 episodes against the same endpoint and model.
 
-Options: `make_terminal_agent(**options)` for an agent with other defaults; per run, a `terminal_agent={...}`
-field of the rollout config (`rollout.arun(task, ..., terminal_agent={"max_turns": 10})`); per task,
-`task.metadata["terminal_agent"]`. Later ones win. See `TerminalAgentOptions`.
+Options: `make_terminal_agent(**options)` for an agent with other defaults; per run, `task.metadata["max_turns"]`
+(what `rllm eval --max-turns N` sets) then a `terminal_agent={...}` field of the rollout config
+(`rollout.arun(task, ..., terminal_agent={"max_turns": 10})`); per task, `task.metadata["terminal_agent"]`. Later
+ones win. See `TerminalAgentOptions`.
 """
 
 from __future__ import annotations
 
 import asyncio
 import functools
-import re
 import time
 from typing import Any, Literal
 
@@ -33,6 +35,7 @@ import openai
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rllm_core.context import AGENT_HEADER, current_agent
+from rllm_core.engine import context_exceeded_message
 from rllm_core.errors import ConfigError
 from rllm_core.rollout import Rollout, RolloutConfig, rollout
 from rllm_core.sandbox import Sandbox, aexec, current_sandbox
@@ -49,7 +52,7 @@ from rllm_envs.terminal.actions import (
 __all__ = ["AGENT_TIMEOUT_KEYS", "StopReason", "TerminalAgentOptions", "make_terminal_agent", "system_prompt",
            "terminal_agent"]
 
-StopReason = Literal["done", "max_turns", "time_budget", "format_errors", "context_overflow", "model_error"]
+StopReason = Literal["done", "max_turns", "time_budget", "format_errors", "context_exceeded", "model_error"]
 
 AGENT_TIMEOUT_KEYS = ("agent_timeout_s", "agent_timeout_sec")
 """`task.metadata` keys read (first found wins) for the task's agent timeout, which sets the time budget."""
@@ -83,9 +86,6 @@ class TerminalAgentOptions(BaseModel):
 _NO_TOOLS: set[tuple[str, str]] = set()
 """(upstream, model) pairs whose server refused the `tools` parameter: `auto` starts those in text format."""
 
-_OVERFLOW = re.compile(r"context (length|window)|maximum context|too long|too many tokens|no room in the model",
-                       re.IGNORECASE)
-
 
 def system_prompt(action_format: Literal["tools", "text"], workdir: str) -> str:
     """The short system prompt: the working directory, how to run a command, how to finish."""
@@ -105,7 +105,9 @@ def make_terminal_agent(name: str = "terminal", **options: Any) -> Rollout:
 
 
 async def _terminal(defaults: TerminalAgentOptions, task: Task, config: RolloutConfig) -> dict[str, Any]:
-    opts = _merged(defaults, ("config.terminal_agent", getattr(config, "terminal_agent", None)),
+    turns = task.metadata.get("max_turns")
+    opts = _merged(defaults, ("task.metadata['max_turns']", None if turns is None else {"max_turns": turns}),
+                   ("config.terminal_agent", getattr(config, "terminal_agent", None)),
                    ("task.metadata['terminal_agent']", task.metadata.get("terminal_agent")))
     return await _Episode(task, config, opts, current_sandbox()).run()
 
@@ -163,6 +165,7 @@ class _Episode:
         self.format_errors = 0
         self.answer = ""
         self.error: str | None = None
+        self.context_exceeded_at: int | None = None
         self.budget = time_budget(task, opts)
         self.deadline = time.monotonic() + self.budget
 
@@ -179,9 +182,11 @@ class _Episode:
                 stop = "time_budget"
         out: dict[str, Any] = {"answer": self.answer, "stop_reason": stop, "turns": self.turns,
                                "action_format": self.format, "commands": self.commands,
-                               "time_budget_s": self.budget}
+                               "time_budget_s": self.budget, "max_turns": self.opts.max_turns}
         if self.error is not None:
             out["error"] = self.error
+        if self.context_exceeded_at is not None:
+            out["context_exceeded_at_turn"] = self.context_exceeded_at
         return out
 
     async def _loop(self, client: openai.AsyncOpenAI) -> StopReason:
@@ -192,7 +197,10 @@ class _Episode:
                 if self._refused_tools(exc):
                     continue
                 self.error = f"{type(exc).__name__}: {_api_message(exc)}"
-                return "context_overflow" if _OVERFLOW.search(self.error) else "model_error"
+                if context_exceeded_message(exc) is None:
+                    return "model_error"
+                self.context_exceeded_at = self.turns + 1
+                return "context_exceeded"
             self.turns += 1
             if message is None:
                 self.error = "the model endpoint answered with no choices"

@@ -20,6 +20,13 @@ Splits: `test` is every task (what `rllm eval terminal` runs, and what the oracl
 (else it is a training task). The assignment is written into each task, every third task of each tier by id
 (12 held out, 4 per tier; 22 train), so it never shifts when tasks are added. `rllm train terminal` trains on
 `train` and validates on `heldout` (its `train_defaults`): tasks it never trained on.
+
+Eval and train run the agent the same way: at most `TURN_TOKENS` completion tokens a turn (its `eval_defaults` and
+`train_defaults`; a flag overrides them) and at most `MAX_TURNS` turns (the default agent's; `rllm eval
+--max-turns N` overrides it): turns stay short and episodes stop after a few (on a CPU the tasks' own time budgets
+still bound a run; see `TURN_TOKENS` for what was measured).
+An episode whose history outgrows the model's context ends `context_exceeded` (`rllm_envs.terminal.agent`), and
+unless the verifier finds the task done, that is its reason.
 """
 
 from __future__ import annotations
@@ -28,10 +35,24 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
+from rllm_core.rollout import Rollout
 from rllm_envs.harbor.benchmark import HarborBenchmark
 from rllm_envs.harbor.task import HarborTask, load_tasks
 
-__all__ = ["TASKS_DIR", "TIERS", "TerminalBenchmark", "is_heldout", "tier_of"]
+__all__ = ["MAX_TURNS", "TASKS_DIR", "TIERS", "TURN_TOKENS", "TerminalBenchmark", "is_heldout", "tier_of"]
+
+TURN_TOKENS = 128
+"""Completion tokens per turn for `rllm eval` / `rllm train terminal` unless told otherwise: room for a command
+and a line about it (the agent asks for "the next command only"), where the 512 `rllm eval` gives other benchmarks
+lets a small model ramble. Measured with the embedded SmolLM2-135M on 2 shared CPU cores, 16 episodes at once
+(~11 completion tok/s in all): a turn took ~90 s even at 128 tokens, so most episodes still end at their time
+budget (the task's agent timeout less 10 %: 270-810 s) after 2-4 turns, and the first 30 of the 34 episodes took
+16.6 min. On a CPU the time budgets bound `rllm eval terminal` whatever the token budget; a small one buys the
+most turns within them (34 at once was worse: ~7 tok/s in all, 1-2 turns an episode)."""
+MAX_TURNS = 10
+"""Turns (LLM calls) per episode of the default agent (the agent's own default is 30). One command can be a whole
+script (every task's oracle is a single solution/solve.sh), so ten leave room to look, act and check; a model
+served on a GPU takes seconds a turn, and an episode that loops on a CPU stops well before its time budget."""
 
 TASKS_DIR = Path(__file__).parent / "tasks"
 TIERS: Mapping[str, int] = {"easy": 1, "medium": 2, "hard": 3}
@@ -52,7 +73,9 @@ class TerminalBenchmark(HarborBenchmark):
     """`terminal`: the built-in shell tasks (module docstring), verified in a sandbox."""
 
     splits: tuple[str, ...] = ("test", "train", "heldout")
-    train_defaults: ClassVar[Mapping[str, Any]] = {"train_split": "train", "val_split": "heldout"}
+    train_defaults: ClassVar[Mapping[str, Any]] = {"train_split": "train", "val_split": "heldout",
+                                                   "max_tokens": TURN_TOKENS}
+    eval_defaults: ClassVar[Mapping[str, Any]] = {"max_tokens": TURN_TOKENS}
 
     def __init__(self, path: str | Path | None = None) -> None:
         super().__init__(path or TASKS_DIR, name="terminal",
@@ -72,3 +95,9 @@ class TerminalBenchmark(HarborBenchmark):
         task = super().to_task(htask, split)
         task.metadata["tier"] = tier_of(htask)
         return task
+
+    def default_rollout(self) -> Rollout:
+        """The built-in terminal agent (rollout name `terminal`) with at most `MAX_TURNS` turns."""
+        from rllm_envs.terminal.agent import make_terminal_agent
+
+        return make_terminal_agent(max_turns=MAX_TURNS)
