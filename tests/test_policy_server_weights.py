@@ -57,15 +57,17 @@ def test_update_weights_bumps_version_and_changes_outputs(server: RunningPolicyS
     assert health["policy_version"] == 1
 
 
-def test_in_flight_request_finishes_on_the_old_weights(server: RunningPolicyServer) -> None:
-    """Updates drain: the running stream keeps version 0 to its end, then the swap happens, then version 1."""
-    body = {"messages": MSG, "max_tokens": 400, "ignore_eos": True, "stream": True, "return_token_ids": True}
+def test_in_flight_request_finishes_on_the_old_weights_without_holding_up_the_swap(
+        server: RunningPolicyServer) -> None:
+    """No drain: the update returns while a long stream runs; the stream keeps version 0 to its end, a request
+    sent after the swap is served by version 1 at the same time."""
+    body = {"messages": MSG, "max_tokens": 1500, "ignore_eos": True, "stream": True, "return_token_ids": True}
     versions: list[int] = []
     stream_done = threading.Event()
     started = threading.Event()
 
     def read_stream() -> None:
-        with httpx.stream("POST", server.base_url + "/chat/completions", json=body, timeout=60) as r:
+        with httpx.stream("POST", server.base_url + "/chat/completions", json=body, timeout=120) as r:
             for line in r.iter_lines():
                 if line.startswith("data: {"):
                     versions.append(json.loads(line[6:])["policy_version"])
@@ -77,11 +79,12 @@ def test_in_flight_request_finishes_on_the_old_weights(server: RunningPolicyServ
     reader.start()
     assert started.wait(30)
     version = server.update_weights(perturbed(server), timeout=60)
-    finished_before_swap = stream_done.wait(5)
-    reader.join(30)
-    assert version == 1
-    assert finished_before_swap
-    assert len(versions) > 400 and set(versions) == {0}
+    during = greedy(server, 2)
+    still_running = not stream_done.is_set()
+    reader.join(120)
+    assert version == 1 and during["policy_version"] == 1
+    assert still_running, "the swap or the new request waited for the old stream to finish"
+    assert len(versions) > 1500 and set(versions) == {0}
     assert greedy(server, 2)["policy_version"] == 1
 
 
@@ -104,17 +107,6 @@ def test_partial_state_dict_updates_only_those_weights(server: RunningPolicyServ
     assert server.update_weights({norm: torch.full_like(sd[norm], 2.0)}) == 1
     assert torch.equal(server.loaded.model.state_dict()[norm], torch.full_like(sd[norm], 2.0))
     assert torch.equal(server.loaded.model.state_dict()[untouched], keep)
-
-
-def test_update_weights_times_out_while_a_long_request_runs(server: RunningPolicyServer) -> None:
-    body = {"messages": MSG, "max_tokens": 1900, "ignore_eos": True, "stream": True}
-    with httpx.stream("POST", server.base_url + "/chat/completions", json=body, timeout=60) as r:
-        lines = r.iter_lines()
-        next(lines)  # the request is running
-        with pytest.raises(TimeoutError, match="still running"):
-            server.update_weights(perturbed(server), timeout=0.2)
-    assert server.policy_version == 0  # a timed-out update is withdrawn, never applied later
-    assert greedy(server, 2)["policy_version"] == 0
 
 
 def test_stop_ends_in_flight_requests_promptly() -> None:

@@ -1,137 +1,55 @@
-"""Continuous batched decoding on one dedicated thread.
+"""Continuous batched decoding on one dedicated thread, over a paged KV pool with prefix caching.
 
-Every running choice is one row of a single left-padded KV cache. Between decode steps, finished or
-cancelled rows leave (their cache rows are dropped) and waiting requests join: each new prompt is prefilled
-alone (no padding, so no fully-masked rows and no NaNs), its cache repeated for `n` choices, then zero-padded
-on the left and concatenated to the running cache. A decode step feeds one token per row with an attention
-mask over the real positions and explicit position ids (number of real tokens so far), so a row's numbers do
-not depend on what else is in the batch.
+Each step packs every new token into one forward pass, one token per batch row (no padding): a token for each
+decoding choice and, within a token budget (`max_step_tokens`), prompt tokens of requests being prefilled, a long
+prompt over several steps (chunked prefill). Attention reads each sequence's KV in place from the block pool
+(paged_attention.py); rows join and leave without copying anyone's cache (kv_pool.py). A request's `n` choices
+prefill their prompt once and share its blocks; a prompt that starts with a conversation the engine has seen
+reuses that conversation's KV from the prefix cache (evicted least-recently-used when the pool runs short); when
+the pool is full the youngest choice is preempted (its KV dropped) and resumed later by prefilling its text again.
 
-Weight updates drain: `update_weights` stops admissions, lets the running sequences finish on the weights they
-started with, swaps in place, bumps `policy_version`, and resumes. So every completion is produced by exactly
-one policy version, the one its response reports.
+Weight updates never drain the batch. `swap_mode="finish"`: requests in flight finish on the weights they started
+with (kept in a second copy of the model until they end) while new requests start on the new ones; every
+completion then comes from one policy version. `swap_mode="resume"`: the weights are swapped in place at once and
+every request in flight is resumed on them (its text so far prefilled again under the new weights), so a
+completion's tokens may come from two versions; each token's event carries the version that produced it.
 
-A peft model holding LoRA adapters serves each row with the adapter its request names (`GenerationRequest.adapter`,
-None = the base weights): every forward pass passes peft one adapter name per row (`adapter_names`, peft's
-mixed-adapter batches), so rows of different adapters share the batch and the KV cache. peft computes the base
-layer for all rows and each adapter's LoRA product on that adapter's rows only, the same operations as a pass with
-that one adapter active, so a row's numbers are those of its own adapter (and, with `make_batch_invariant`, the
-same bits however the batch is mixed: the LoRA matmuls go through the same padded linear layers).
-
-On CPU, while a seeded request is in the batch, every row's numbers are the same bits whatever else is in the
-batch (`make_batch_invariant`), so a seeded request samples the same tokens with the same logprobs however
-concurrent requests happen to be batched: that is what makes a seeded training run repeat bit for bit. Unseeded
-batches keep the plain (faster) kernels.
+A peft model holding LoRA adapters serves each row with the adapter its request names (peft's mixed-adapter
+batches, `adapter_names` per token). On CPU, while a seeded request is in a pass, linear layers are batch-invariant
+(invariant.py), and the blocked attention always is, so a seeded request samples the same tokens with the same
+logprobs however concurrent requests happen to be batched and whatever the prefix cache held.
 """
 
 from __future__ import annotations
 
-import contextlib
-import inspect
+import copy
 import logging
 import random
 import threading
-import types
 from collections import deque
-from collections.abc import Iterator, Mapping
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, Literal
 
 import torch
-import torch.nn.functional as F
-from transformers import AttentionInterface, DynamicCache
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from rllm_backends.local_torch.serving.kv_cache import BatchCache
+from rllm_backends.local_torch.serving.invariant import batch_invariant, make_batch_invariant
+from rllm_backends.local_torch.serving.kv_pool import KVPool, PoolExhausted, pool_shape
 from rllm_backends.local_torch.serving.models import BASE_ADAPTER, LoadedModel, lora_adapters
-from rllm_backends.local_torch.serving.sampling import sample_tokens, scaled_logprobs, top_logprobs
+from rllm_backends.local_torch.serving.paged_attention import PAGED_ATTENTION
+from rllm_backends.local_torch.serving.sampling import sample_tokens, scaled_logprobs, top_logprobs_batch
 from rllm_backends.local_torch.serving.sequence import GenerationRequest, Sequence
+from rllm_backends.local_torch.serving.step import run_forward
+from rllm_backends.local_torch.serving.work import Work
 from rllm_core.errors import ConfigError
 
-__all__ = ["DecodeEngine", "make_batch_invariant"]
+__all__ = ["DecodeEngine", "SwapMode", "make_batch_invariant"]
 
 log = logging.getLogger("rllm.serving.engine")
 
-GEMM_ROW_BLOCK = 4
-"""CPU matmuls compute rows in blocks of 4 and the 1-3 rows left over with other kernels (measured here: a row's
-product has the same bits in every full block, at any row count and position, and other bits in a remainder), so
-batch-invariant linear layers are fed a multiple of this many rows."""
-ROW_ATTENTION = "rllm_row_sdpa"
-"""The attention implementation `make_batch_invariant` installs (registered with transformers on import)."""
-
-_invariant = threading.local()
-"""`.on` while the engine thread runs a forward pass that must be batch-invariant (one with a seeded row)."""
-
-
-@contextlib.contextmanager
-def _batch_invariant(on: bool) -> Iterator[None]:
-    before = getattr(_invariant, "on", False)
-    _invariant.on = on
-    try:
-        yield
-    finally:
-        _invariant.on = before
-
-
-def _padded_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """`F.linear`; in a batch-invariant pass, on rows zero-padded to a multiple of GEMM_ROW_BLOCK (padding dropped)."""
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    extra = -rows % GEMM_ROW_BLOCK
-    if not extra or not getattr(_invariant, "on", False):
-        return F.linear(x, self.weight, self.bias)
-    flat = x.reshape(rows, x.shape[-1])
-    padded = torch.cat([flat, flat.new_zeros(extra, flat.shape[-1])])
-    return F.linear(padded, self.weight, self.bias)[:rows].reshape(*x.shape[:-1], -1)
-
-
-def _row_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
-                   attention_mask: torch.Tensor | None, scaling: float | None = None, dropout: float = 0.0,
-                   **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """SDPA; in a batch-invariant decode step, one row at a time over that row's real positions only.
-
-    The batch cache left-pads short rows, and how much depends on the other rows; SDPA over padded keys sums in
-    another order (other bits) for another pad. Each row attends over its own slice instead, so its result depends
-    on its own tokens alone. The mask is SDPA's (boolean, True = attend; None when nothing is masked), and a row's
-    real keys are a suffix of the cache. A prefill (one prompt, alone) is ordinary SDPA.
-    """
-    if query.shape[2] != 1 or not getattr(_invariant, "on", False):
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
-                                      **kwargs)
-    gqa = query.shape[1] != key.shape[1]
-    length = key.shape[2]
-    real = None if attention_mask is None else attention_mask[:, 0, -1, :]
-    starts = [0] * key.shape[0] if real is None else (length - real.sum(-1)).tolist()
-    outs = []
-    for i, start in enumerate(starts):
-        k, v = key[i: i + 1, :, int(start):], value[i: i + 1, :, int(start):]
-        outs.append(F.scaled_dot_product_attention(query[i: i + 1], k, v, scale=scaling, enable_gqa=gqa))
-    return torch.cat(outs).transpose(1, 2).contiguous(), None
-
-
-AttentionInterface.register(ROW_ATTENTION, _row_attention)
-AttentionMaskInterface.register(ROW_ATTENTION, sdpa_mask)  # the boolean masks SDPA gets
-
-
-def make_batch_invariant(model: torch.nn.Module) -> bool:
-    """Let the engine run passes in which each row's logits are independent of the rest of the batch, bit for
-    bit (CPU): linear layers see a multiple of GEMM_ROW_BLOCK rows, decode attention runs per row over its real
-    positions. Outside such a pass the model computes as before. Returns False (model unchanged) for a model
-    whose attention cannot be swapped.
-
-    The engine turns it on for passes with a seeded row (a seeded request promises the same tokens and logprobs
-    on every run); the price is a loop over rows per layer in decode attention and up to 3 padded rows per
-    matmul: a SmolLM2-135M decode step here took 187 ms instead of 182 at 16 rows, 147 instead of 76 for a lone
-    row (a 4-row matmul instead of a matrix-vector product). GPUs are not covered: their kernels vary with shape
-    in ways this cannot pin down.
-    """
-    setter = getattr(model, "set_attn_implementation", None)
-    if setter is None or not getattr(model, "_can_set_attn_implementation", lambda: False)():
-        return False
-    setter(ROW_ATTENTION)
-    for module in model.modules():
-        if type(module) is torch.nn.Linear:
-            module.forward = types.MethodType(_padded_linear, module)  # type: ignore[method-assign]
-    return True
+SwapMode = Literal["finish", "resume"]
+DEFAULT_KV_CACHE_GB = 1.0
+_POOL_TOO_SMALL = ("the KV cache is too small for this request: start the server with a larger kv_cache_gb, "
+                   "or send a shorter prompt")
 
 
 class _WeightUpdate:
@@ -146,30 +64,47 @@ class _WeightUpdate:
 class DecodeEngine:
     """Decodes submitted requests together; thread-safe `submit`, `update_weights`, `stop`."""
 
-    def __init__(self, loaded: LoadedModel, max_batch_size: int = 32, threads: int | None = None) -> None:
+    def __init__(self, loaded: LoadedModel, max_batch_size: int = 32, threads: int | None = None,
+                 swap_mode: SwapMode = "finish", kv_cache_gb: float | None = None,
+                 max_step_tokens: int = 512) -> None:
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
+        if swap_mode not in ("finish", "resume"):
+            raise ConfigError(f"swap_mode must be 'finish' or 'resume', got {swap_mode!r}")
+        if max_step_tokens < 1:
+            raise ConfigError(f"max_step_tokens must be >= 1, got {max_step_tokens}")
         self.loaded = loaded
         self.model = loaded.model
         self.max_batch_size = max_batch_size
         self.threads = threads
+        self.swap_mode: SwapMode = swap_mode
+        self.max_step_tokens = max_step_tokens
         self.policy_version = 0
         self.device = next(self.model.parameters()).device
         self._eos = frozenset(loaded.eos_token_ids)
         self._ctx = loaded.context_length
+        self._vocab = int(self.model.get_input_embeddings().num_embeddings)
         self._cond = threading.Condition()
         self._waiting: deque[GenerationRequest] = deque()
         self._updates: deque[_WeightUpdate] = deque()
         self._stopping = False
-        self._rows: list[Sequence] = []
-        self._batch = BatchCache(self.device)
-        self._next_B: torch.Tensor | None = None
+        self._work: list[Work] = []
+        self._old_models: dict[int, Any] = {}
+        """Earlier policy versions still finishing their requests (swap_mode="finish")."""
         self.adapters: tuple[str, ...] = tuple(lora_adapters(self.model))
         """LoRA adapters requests can name (peft model); () for a plain model."""
-        inner = self.model.get_base_model() if self.adapters else self.model  # peft's forward takes **kwargs
-        params = inspect.signature(inner.forward).parameters
-        self._cache_kwarg = "cache" if "cache" in params else "past_key_values"
+        try:
+            self.model.set_attn_implementation(PAGED_ATTENTION)
+        except (AttributeError, ValueError) as exc:
+            raise ConfigError(f"the policy server cannot serve {loaded.name!r}: its transformers class does not "
+                              f"take a custom attention implementation ({exc})") from None
         self.batch_invariant = self.device.type == "cpu" and make_batch_invariant(self.model)
+        layers, kv_heads, head_dim = pool_shape(self.model.config)
+        dtype = next(self.model.parameters()).dtype
+        per_block = KVPool.bytes_per_block(layers, kv_heads, head_dim, dtype)
+        budget = int((DEFAULT_KV_CACHE_GB if kv_cache_gb is None else kv_cache_gb) * 2**30) // per_block
+        enough = max_batch_size * -(-self._ctx // 32) + 1  # every row at full context: more is never needed
+        self.pool = KVPool(layers, kv_heads, head_dim, max(2, min(budget, enough)), dtype, self.device)
         self._thread = threading.Thread(target=self._run, name="rllm-decode", daemon=True)
 
     # ------------------------------------------------------------------ public, any thread
@@ -189,10 +124,11 @@ class DecodeEngine:
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], timeout: float | None = None,
                        version: int | None = None) -> int:
-        """Swap weights once running sequences finish; returns the new policy version (the old one + 1, or
-        `version` when given: a resumed run serves its checkpoint's version, not 1).
+        """Serve new weights from the next step on; returns the new policy version (the old one + 1, or `version`
+        when given: a resumed run serves its checkpoint's version, not 1).
 
-        On timeout the update is withdrawn (never applied later) and admissions resume.
+        Requests in flight finish on the old weights or resume on the new ones (`swap_mode`); nothing waits for
+        them. On timeout (the engine thread busy past it) the update is withdrawn, never applied later.
         """
         upd = _WeightUpdate(state_dict, version)
         with self._cond:
@@ -205,11 +141,10 @@ class DecodeEngine:
                 withdrawn = upd in self._updates
                 if withdrawn:
                     self._updates.remove(upd)
-                    self._cond.notify()
             if withdrawn:
-                raise TimeoutError(f"weights were not swapped within {timeout} s (sequences still running); "
+                raise TimeoutError(f"weights were not swapped within {timeout} s (the engine was busy); "
                                    "the update was withdrawn")
-            upd.done.wait()  # already being applied: finishing takes a moment
+            upd.done.wait()
         if upd.error is not None:
             raise upd.error
         assert upd.version is not None
@@ -217,12 +152,18 @@ class DecodeEngine:
 
     @property
     def running(self) -> int:
-        return len(self._rows)
+        return sum(w.choices for w in self._work)
 
     @property
     def waiting(self) -> int:
         with self._cond:
             return sum(r.n for r in self._waiting)
+
+    def stats(self) -> dict[str, int]:
+        """KV pool figures for /health: blocks in use, cached prefix blocks, prefix hits, evictions."""
+        p = self.pool
+        return {"kv_blocks": p.num_blocks - 1, "kv_blocks_free": p.free_blocks, "kv_blocks_cached": p.cached_blocks,
+                "prefix_hit_blocks": p.hits, "kv_evictions": p.evictions}
 
     def stop(self) -> None:
         with self._cond:
@@ -237,53 +178,62 @@ class DecodeEngine:
             torch.set_num_threads(self.threads)
         while True:
             with self._cond:
-                while not (self._stopping or self._waiting or self._rows or self._updates):
+                while not (self._stopping or self._waiting or self._work or self._updates):
                     self._cond.wait()
                 if self._stopping:
                     break
-                admitted = self._take_admissions()
+            admitted: list[GenerationRequest] = []
             try:
-                self._iterate(admitted)
+                self._drop_cancelled()
+                self._apply_updates()
+                admitted = self._admit()
+                if self._work:
+                    self._step()
             except Exception as exc:  # never let one bad step kill the thread every request waits on
                 log.exception("decode loop failed; failing the running sequences")
                 error = f"{type(exc).__name__}: {exc}"
-                joined = {id(seq.request) for seq in self._rows}
-                for seq in self._rows:
-                    seq.end("error", error)
+                joined = {id(w.request) for w in self._work}
+                for w in self._work:
+                    self._end_work(w, "error", error)
                 for req in admitted:  # taken from the queue but maybe never reached: their clients must not hang
                     if id(req) not in joined:
                         self._end_request(req, "error", error)
-                self._reset_batch()
-        for seq in self._rows:
-            seq.end("abort", "the policy server stopped")
+                self._work = []
+        for w in self._work:
+            self._end_work(w, "abort", "the policy server stopped")
         for req in self._waiting:
             self._end_request(req, "abort", "the policy server stopped")
         for upd in self._updates:
             upd.error = RuntimeError("the policy server stopped before the weights were swapped")
             upd.done.set()
-        self._reset_batch()
+        self._work = []
 
-    def _iterate(self, admitted: list[GenerationRequest]) -> None:
-        """One turn of the loop: drop cancelled rows, swap weights if drained, admit, decode one step."""
-        self._drop_cancelled()
-        if self._updates and not self._rows:
-            self._apply_updates()  # requests admitted just before an update arrived then run on the new weights
-        for req in admitted:
-            self._admit(req)
-        if self._rows:
-            self._step()
-
-    def _take_admissions(self) -> list[GenerationRequest]:
-        """Requests that fit in the batch now (none while a weight update is draining the batch)."""
+    def _admit(self) -> list[GenerationRequest]:
+        """Move waiting requests into the batch while slots and KV blocks allow; returns those admitted."""
         out: list[GenerationRequest] = []
-        free = self.max_batch_size - len(self._rows)
-        while self._waiting and not self._updates:
-            req = self._waiting[0]
-            if req.n > free and (self._rows or out):
-                break
-            out.append(self._waiting.popleft())
+        free = self.max_batch_size - self.running
+        while True:
+            with self._cond:
+                if not self._waiting:
+                    return out
+                req = self._waiting[0]
+                if req.n > free and self._work:
+                    return out
+                bad = next((t for t in req.prompt_ids if not (isinstance(t, int) and 0 <= t < self._vocab)),
+                           None)
+                need = -(-len(req.prompt_ids) // self.pool.block_size) + req.n
+                if bad is None and need > self.pool.free_blocks and self._work:
+                    return out  # wait for rows to finish and give their blocks back
+                self._waiting.popleft()
+            out.append(req)
+            if bad is not None:
+                self._end_request(req, "error", f"IndexError: prompt token id {bad} is outside the model's "
+                                                f"vocabulary (0..{self._vocab - 1})")
+                continue
+            work = Work(req, list(req.prompt_ids), self.policy_version)
+            work.reuse_prefix(self.pool)
+            self._work.append(work)
             free -= req.n
-        return out
 
     def _apply_updates(self) -> None:
         while True:
@@ -292,15 +242,20 @@ class DecodeEngine:
                     return
                 upd = self._updates.popleft()
             try:
-                self._load_state_dict(upd.state_dict)
+                self._swap(upd.state_dict)
                 self.policy_version = self.policy_version + 1 if upd.target is None else upd.target
                 upd.version = self.policy_version
+                for w in self._work:
+                    if w.version not in self._old_models:  # resumed (or nothing old kept): the new weights
+                        w.version = self.policy_version
+                        if w.seq is not None:
+                            w.seq.policy_version = self.policy_version
             except BaseException as exc:  # reported to the caller, never kills the engine
                 upd.error = exc
             upd.done.set()
 
     @torch.no_grad()
-    def _load_state_dict(self, state_dict: Mapping[str, torch.Tensor]) -> None:
+    def _swap(self, state_dict: Mapping[str, torch.Tensor]) -> None:
         own = self.model.state_dict()
         unknown = [k for k in state_dict if k not in own]
         if unknown:
@@ -314,116 +269,173 @@ class DecodeEngine:
             if tuple(v.shape) != tuple(own[k].shape):
                 raise ConfigError(f"update_weights: {k} has shape {tuple(v.shape)}, "
                                   f"the served model expects {tuple(own[k].shape)}")
+        current = [w for w in self._work if w.version == self.policy_version]
+        if current and self.swap_mode == "finish":  # a copy of the old weights serves the requests in flight
+            self._old_models[self.policy_version] = copy.deepcopy(self.model)
+        elif current:  # resume: their KV is stale; they prefill their text again under the new weights
+            for w in current:
+                w.drop_kv(self.pool)
         for k, v in state_dict.items():
             own[k].copy_(v.detach().to(own[k].device, own[k].dtype))
+        self.pool.clear_cache()
 
-    @torch.inference_mode()
     def _drop_cancelled(self) -> None:
-        keep = [i for i, s in enumerate(self._rows) if not s.request.cancelled.is_set()]
-        for s in self._rows:
-            if s.request.cancelled.is_set():
-                s.end("cancelled")
-        if len(keep) != len(self._rows):
-            self._keep_rows(keep)
+        for w in [w for w in self._work if w.request.cancelled.is_set()]:
+            self._end_work(w, "cancelled")
         with self._cond:
-            for req in [r for r in self._waiting if r.cancelled.is_set()]:
+            gone = [r for r in self._waiting if r.cancelled.is_set()]
+            for req in gone:
                 self._waiting.remove(req)
+        for req in gone:
+            self._end_request(req, "cancelled", "")
 
-    def _new_sequences(self, req: GenerationRequest) -> list[Sequence]:
+    def _new_sequences(self, req: GenerationRequest, version: int) -> list[Sequence]:
         seqs = []
         for i in range(req.n):
             gen = torch.Generator(device=self.device)
             # any int64 seed + choice index, folded into the generator's uint64 range
             gen.manual_seed((req.params.seed + i) % 2**64 if req.params.seed is not None else random.getrandbits(63))
-            seqs.append(Sequence(req, i, self.policy_version, self.loaded.tokenizer, self._eos, self._ctx, gen))
+            seqs.append(Sequence(req, i, version, self.loaded.tokenizer, self._eos, self._ctx, gen))
         return seqs
 
     def _end_request(self, req: GenerationRequest, reason: str, error: str) -> None:
-        """End every choice of a request that is not in the batch (failed to join, or the server stops)."""
+        """End every choice of a request that holds no work (failed to join, or the server stops)."""
         for i in range(req.n):
             Sequence(req, i, self.policy_version, None, self._eos, self._ctx).end(reason, error)
 
-    @torch.inference_mode()
-    def _admit(self, req: GenerationRequest) -> None:
-        """Prefill one request alone, sample each choice's first token, and join the running batch.
+    def _end_work(self, w: Work, reason: str, error: str | None = None) -> None:
+        if w.seq is None:
+            self._end_request(w.request, reason, error or "")
+        elif w.seq.finish_reason is None:
+            w.seq.end(reason, error)
+        self._retire(w)
 
-        A failure here (bad prompt ids, out of memory, ...) fails this request only: its client gets an error
-        at once and the running rows keep decoding.
-        """
-        try:
-            seqs = self._new_sequences(req)
-            ids_1P = torch.tensor([req.prompt_ids], dtype=torch.long, device=self.device)
-            cache = DynamicCache()
-            with _batch_invariant(self.batch_invariant and req.params.seed is not None):
-                out = self._forward(input_ids=ids_1P, cache=cache, rows=[req.adapter], logits_to_keep=1)
-            logits_V = out.logits[0, -1]
-            if req.n > 1:
-                cache.batch_repeat_interleave(req.n)
-            next_n = self._sample(seqs, logits_V[None].expand(req.n, -1))
-        except Exception as exc:
-            log.exception("prefill failed; failing request %s only", req.request_id or "(unnamed)")
-            self._end_request(req, "error", f"{type(exc).__name__}: {exc}")
-            return
-        prompt_len = len(req.prompt_ids)
-        live = [i for i, s in enumerate(seqs) if s.finish_reason is None]
-        if not live:
-            return
-        kv = [(layer.keys, layer.values) for layer in cache.layers]
-        if len(live) < req.n:
-            kv = [(k[live], v[live]) for k, v in kv]
-        self._batch.join(kv, prompt_len)
-        self._rows.extend(seqs[i] for i in live)
-        self._next_B = next_n[live] if self._next_B is None else torch.cat([self._next_B, next_n[live]])
+    def _retire(self, w: Work) -> None:
+        w.drop_kv(self.pool)
+        if w in self._work:
+            self._work.remove(w)
+        if w.version in self._old_models and not any(o.version == w.version for o in self._work):
+            del self._old_models[w.version]  # its last request ended: free the old weights
+
+    # ------------------------------------------------------------------ one step
+    def _plan(self) -> list[tuple[Work, int]]:
+        """(work, tokens to feed) for this step: every decoding choice, then prefills within the token budget;
+        blocks are reserved here, preempting the youngest choices when the pool runs out."""
+        decodes = [w for w in self._work if w.pending == 1]
+        prefills = sorted((w for w in self._work if w.pending > 1), key=lambda w: w.order)
+        budget = max(self.max_step_tokens - len(decodes), min(64, self.max_step_tokens))
+        plan: list[tuple[Work, int]] = []
+        preempted_now: set[int] = set()
+        inflight: set[int] = set()  # prefix-cache keys of the blocks this step's prefills complete
+        for w in [*decodes, *prefills]:
+            if w not in self._work or (w.pending > 1 and id(w) in preempted_now):
+                continue  # ended, or preempted below while reserving for an older item: resumed next step
+            if w.pending > 1 and w.table.computed == len(w.table.hashes) * self.pool.block_size:
+                # nothing computed by itself yet (new, preempted, or swapped to new weights): take what is
+                # cached now, and wait a step if an older prefill is computing its next block right now
+                w.drop_kv(self.pool)
+                w.reuse_prefix(self.pool)
+                if self._next_block_hash(w) in inflight:
+                    continue
+            n = 1 if w.pending == 1 else min(w.pending, budget)
+            if n < 1:
+                continue
+            if n > 1:
+                inflight.update(self._block_hashes(w, n))
+            if not self._reserve(w, n, plan, preempted_now):
+                continue
+            if w.pending > 1:
+                budget -= n
+            plan.append((w, n))
+        if not plan and self._work:  # prompts alone fill the pool and none can advance: refuse the youngest
+            self._end_work(max(self._work, key=lambda w: w.order), "error", _POOL_TOO_SMALL)
+        return plan
+
+    def _block_hashes(self, w: Work, n: int) -> list[int]:
+        """Prefix-cache keys of the full blocks that feeding `n` more tokens of `w` completes."""
+        bs = self.pool.block_size
+        out, parent = [], w.table.hashes[-1] if w.table.hashes else w.root
+        for i in range(len(w.table.hashes), (w.table.computed + n) // bs):
+            parent = self.pool.chain(parent, tuple(w.tokens[i * bs:(i + 1) * bs]))
+            out.append(parent)
+        return out
+
+    def _next_block_hash(self, w: Work) -> int | None:
+        bs = self.pool.block_size
+        i = len(w.table.hashes)
+        if (i + 1) * bs > len(w.tokens) - 1:
+            return None  # no further full block to share (the last token is always computed)
+        return self.pool.chain(w.table.hashes[-1] if w.table.hashes else w.root, tuple(w.tokens[i * bs:(i + 1) * bs]))
+
+    def _reserve(self, w: Work, n: int, plan: list[tuple[Work, int]], preempted_now: set[int]) -> bool:
+        while True:
+            try:
+                self.pool.ensure(w.table, w.table.computed + n)
+                return True
+            except PoolExhausted:
+                planned = {id(p) for p, _ in plan}
+                victims = [v for v in self._work if v is not w and v.seq is not None and v.table.blocks
+                           and id(v) not in planned]
+                if not victims:
+                    if plan or len(self._work) > 1:
+                        return False  # wait: rows in this step will finish and free blocks
+                    self._end_work(w, "error", _POOL_TOO_SMALL)
+                    return False
+                victim = max(victims, key=lambda v: v.order)
+                log.info("KV pool full: preempting a choice of request %s (resumed later)",
+                         victim.request.request_id or "(unnamed)")
+                victim.drop_kv(self.pool)
+                preempted_now.add(id(victim))
 
     @torch.inference_mode()
     def _step(self) -> None:
-        """One decode step for every running row; finished rows leave the batch right after."""
-        assert self._next_B is not None
-        mask_BL, pos_B = self._batch.step_inputs()
-        seeded = self.batch_invariant and any(s.params.seed is not None for s in self._rows)
-        try:
-            with _batch_invariant(seeded):
-                out = self._forward(input_ids=self._next_B[:, None], attention_mask=mask_BL, position_ids=pos_B,
-                                    cache=self._batch.cache, rows=[s.request.adapter for s in self._rows])
-        except Exception as exc:
-            log.exception("decode step failed; failing the %d running sequences", len(self._rows))
-            for s in self._rows:
-                s.end("error", f"{type(exc).__name__}: {exc}")
-            self._reset_batch()
+        plan = self._plan()
+        if not plan:
             return
-        self._batch.advance(mask_BL)
-        self._next_B = self._sample(self._rows, out.logits[:, -1])
-        keep = [i for i, s in enumerate(self._rows) if s.finish_reason is None]
-        if len(keep) != len(self._rows):
-            self._keep_rows(keep)
+        by_version: dict[int, list[tuple[Work, int]]] = {}
+        for w, n in plan:
+            by_version.setdefault(w.version, []).append((w, n))
+        for version, items in by_version.items():
+            model = self.model if version == self.policy_version else self._old_models.get(version, self.model)
+            seeded = self.batch_invariant and any(w.request.params.seed is not None for w, _ in items)
+            try:
+                with batch_invariant(seeded):
+                    logits = run_forward(model, self.pool, items, bool(self.adapters), BASE_ADAPTER)
+            except Exception as exc:
+                log.exception("forward pass failed; failing its %d requests", len(items))
+                for w, _ in items:
+                    self._end_work(w, "error", f"{type(exc).__name__}: {exc}")
+                continue
+            for w, _ in items:
+                self.pool.register(w.table, w.root, w.tokens)
+            done = [w for w, n in items if w.pending == 0]
+            self._sample(done, logits)
 
-    def _forward(self, cache: Any, rows: list[str | None], **kwargs: Any) -> Any:
-        """Call the model with our cache object (transformers >= 5.2 names it `cache`, older `past_key_values`);
-        a peft model also gets each row's adapter (`rows`, in batch order; None = base weights)."""
-        kwargs[self._cache_kwarg] = cache
-        if self.adapters:
-            kwargs["adapter_names"] = [BASE_ADAPTER if a is None else a for a in rows]
-        return self.model(use_cache=True, **kwargs)
-
-    def _sample(self, seqs: list[Sequence], logits_BV: torch.Tensor) -> torch.Tensor:
-        temps_B = torch.tensor([s.params.temperature for s in seqs], dtype=torch.float32, device=logits_BV.device)
-        logprobs_BV = scaled_logprobs(logits_BV, temps_B)
+    def _sample(self, done: list[Work], logits_KV: torch.Tensor) -> None:
+        """Sample the next token of every item whose feed reached its end (a prompt forks into its choices)."""
+        rows: list[tuple[Work, Sequence, int]] = []
+        for k, w in enumerate(done):
+            if w.seq is not None:
+                rows.append((w, w.seq, k))
+                continue
+            seqs = self._new_sequences(w.request, w.version)
+            self._work.remove(w)
+            for child in w.fork(self.pool, seqs):
+                self._work.append(child)
+                assert child.seq is not None
+                rows.append((child, child.seq, k))
+        if not rows:
+            return
+        index = torch.tensor([k for _, _, k in rows], dtype=torch.long, device=logits_KV.device)
+        seqs = [s for _, s, _ in rows]
+        temps = torch.tensor([s.params.temperature for s in seqs], dtype=torch.float32, device=logits_KV.device)
+        logprobs_BV = scaled_logprobs(logits_KV[index], temps)
         next_B = sample_tokens(logprobs_BV, [s.params for s in seqs], [s.generator for s in seqs])
-        chosen_B = logprobs_BV.gather(1, next_B[:, None])[:, 0].tolist()
-        for s, tok, lp, lp_V in zip(seqs, next_B.tolist(), chosen_B, logprobs_BV, strict=True):
-            top = top_logprobs(lp_V, s.params.top_logprobs) if s.params.top_logprobs else None
+        chosen = logprobs_BV.gather(1, next_B[:, None])[:, 0].tolist()
+        tops = top_logprobs_batch(logprobs_BV, [s.params.top_logprobs for s in seqs])
+        for (w, s, _), tok, lp, top in zip(rows, next_B.tolist(), chosen, tops, strict=True):
             s.append(tok, lp, top)
-        return next_B.to(self.device)
-
-    def _keep_rows(self, keep: list[int]) -> None:
-        if not keep:
-            self._reset_batch()
-            return
-        assert self._next_B is not None
-        self._batch.keep(keep)
-        self._next_B = self._next_B[torch.tensor(keep, dtype=torch.long, device=self.device)]
-        self._rows = [self._rows[i] for i in keep]
-
-    def _reset_batch(self) -> None:
-        self._rows, self._next_B = [], None
-        self._batch.clear()
+            if s.finish_reason is None:
+                w.tokens.append(tok)
+            else:
+                self._retire(w)

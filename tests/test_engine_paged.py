@@ -1,0 +1,267 @@
+"""The paged engine: block pool and prefix cache, blocked attention's invariance, exactness with prefix sharing,
+eviction and preemption under memory pressure, weight swaps mid-generation in both modes, and no request lost or
+duplicated while rows join and leave at random."""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Iterator
+
+import pytest
+import torch
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
+
+from rllm_backends.local_torch.serving import load_model
+from rllm_backends.local_torch.serving.engine import DecodeEngine
+from rllm_backends.local_torch.serving.kv_pool import BlockTable, KVPool, PoolExhausted, pool_shape
+from rllm_backends.local_torch.serving.models import LoadedModel
+from rllm_backends.local_torch.serving.paged_attention import attend
+from rllm_backends.local_torch.serving.sampling import SamplingParams
+from rllm_backends.local_torch.serving.sequence import GenerationRequest, TokenEvent
+
+
+# ---------------------------------------------------------------------- the pool
+def test_pool_shares_prefix_blocks_and_evicts_the_least_recently_used() -> None:
+    pool = KVPool(layers=1, kv_heads=1, head_dim=2, num_blocks=5, dtype=torch.float32, device=torch.device("cpu"),
+                  block_size=4)
+    tokens = list(range(10))
+    a = BlockTable()
+    pool.ensure(a, 10)
+    assert len(a.blocks) == 3 and pool.free_blocks == 1
+    a.computed = 10
+    pool.register(a, 0, tokens)  # two full blocks enter the prefix cache
+    assert pool.cached_blocks == 2
+    blocks, hashes = pool.match(0, [*tokens, 99], 10)
+    assert blocks == a.blocks[:2] and len(hashes) == 2
+    assert pool.match(1, tokens, 10)[0] == []  # another root (version / adapter): nothing shared
+    b = BlockTable(blocks, 8, hashes)
+    pool.release(a)
+    assert pool.free_blocks == 2  # a's private last block is free; the shared two are still b's
+    pool.release(b)
+    assert pool.free_blocks == 4 and pool.cached_blocks == 2  # unreferenced but cached: evictable
+    c = BlockTable()
+    pool.ensure(c, 16)  # needs all four: the two cached blocks are evicted
+    assert pool.evictions == 2 and pool.cached_blocks == 0
+    with pytest.raises(PoolExhausted):
+        pool.ensure(c, 20)
+
+
+def test_blocked_attention_is_the_same_bits_in_a_decode_batch_alone_and_in_a_prefill() -> None:
+    gen = torch.Generator().manual_seed(0)
+    kvh, g, d, bs, nb_pool = 3, 3, 16, 8, 40
+    keys = torch.randn(nb_pool, kvh, bs, d, generator=gen)
+    values = torch.randn(nb_pool, kvh, bs, d, generator=gen)
+    length = 29
+    table = torch.randperm(nb_pool - 1, generator=gen)[:4] + 1
+    q = torch.randn(length, kvh, g, d, generator=gen)
+    scale = 1 / math.sqrt(d)
+    prefill = attend(q.permute(1, 0, 2, 3).reshape(1, kvh, length * g, d), keys, values, table[None],
+                     torch.arange(length).repeat_interleave(g)[None], scale, bs)
+    prefill = prefill[0].view(kvh, length, g, d).permute(1, 0, 2, 3)
+    for j in (0, 7, 8, 28):
+        mine = table[: j // bs + 1]
+        alone = attend(q[j][None], keys, values, mine[None], torch.full((1, g), j), scale, bs)[0]
+        others = torch.randint(1, nb_pool, (5, 6), generator=gen)
+        padded = torch.cat([mine, torch.zeros(6 - len(mine), dtype=torch.long)])[None]
+        batch = attend(torch.cat([torch.randn(5, kvh, g, d, generator=gen), q[j][None]]), keys, values,
+                       torch.cat([others, padded]), torch.cat([torch.full((5, g), 40), torch.full((1, g), j)]),
+                       scale, bs)[-1]
+        assert torch.equal(alone, batch) and torch.equal(alone, prefill[j])
+    k_seq = keys[table].permute(1, 0, 2, 3).reshape(kvh, -1, d)[:, :length].repeat_interleave(g, 0)
+    v_seq = values[table].permute(1, 0, 2, 3).reshape(kvh, -1, d)[:, :length].repeat_interleave(g, 0)
+    ref = torch.nn.functional.scaled_dot_product_attention(q.permute(1, 2, 0, 3).reshape(kvh * g, length, d),
+                                                           k_seq, v_seq, is_causal=True)
+    assert torch.allclose(ref.view(kvh, g, length, d).permute(2, 0, 1, 3), prefill, atol=1e-5)
+
+
+# ---------------------------------------------------------------------- the engine
+@pytest.fixture(scope="module")
+def loaded() -> LoadedModel:
+    torch.set_num_threads(1)
+    return load_model("tiny-random")
+
+
+@pytest.fixture
+def engine(loaded: LoadedModel) -> Iterator[DecodeEngine]:
+    eng = DecodeEngine(loaded, threads=1).start()
+    yield eng
+    eng.stop()
+
+
+class Collect:
+    def __init__(self, n: int) -> None:
+        self.n, self.events, self.done = n, [], threading.Event()
+
+    def __call__(self, ev: TokenEvent) -> None:
+        self.events.append(ev)
+        if sum(e.finish_reason is not None for e in self.events) == self.n:
+            self.done.set()
+
+    def tokens(self, choice: int) -> list[int]:
+        return [e.token_id for e in self.events if e.choice == choice and e.token_id is not None]
+
+    def logprobs(self, choice: int) -> list[float]:
+        return [e.logprob for e in self.events if e.choice == choice and e.token_id is not None]
+
+    def versions(self, choice: int) -> list[int]:
+        return [e.policy_version for e in self.events if e.choice == choice and e.token_id is not None]
+
+
+def submit(eng: DecodeEngine, prompt: list[int], n: int = 1, **params: object) -> Collect:
+    sink = Collect(n)
+    eng.submit(GenerationRequest(list(prompt), SamplingParams(**params), sink, n=n))  # type: ignore[arg-type]
+    return sink
+
+
+def fresh_logprobs(model: torch.nn.Module, prompt: list[int], tokens: list[int], temperature: float = 1.0
+                   ) -> torch.Tensor:
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1: -1].float() / temperature
+    return torch.log_softmax(logits, -1).gather(1, torch.tensor(tokens)[:, None])[:, 0]
+
+
+def assert_exact(model: torch.nn.Module, prompt: list[int], got: Collect, choice: int = 0,
+                 temperature: float = 1.0) -> None:
+    toks = got.tokens(choice)
+    assert toks, "no tokens"
+    err = (fresh_logprobs(model, prompt, toks, temperature) - torch.tensor(got.logprobs(choice))).abs().max().item()
+    assert err < 1e-4, err
+
+
+def test_exact_logprobs_with_shared_prompts_branching_groups_and_multi_turn_reuse(
+        engine: DecodeEngine, loaded: LoadedModel) -> None:
+    rng = torch.Generator().manual_seed(1)
+    common = torch.randint(5, 1000, (70,), generator=rng).tolist()
+    prompts = [common + torch.randint(5, 1000, (k,), generator=rng).tolist() for k in (3, 40, 1)]
+    jobs = [(p, 1.0, submit(engine, p, n=4, max_tokens=24, temperature=1.0, ignore_eos=True)) for p in prompts]
+    jobs.append((common, 0.7, submit(engine, common, n=1, max_tokens=30, temperature=0.7, top_p=0.9)))
+    for _, _, j in jobs:
+        assert j.done.wait(60)
+    for p, t, j in jobs:
+        for c in range(j.n):
+            assert_exact(loaded.model, p, j, c, temperature=t)
+    assert engine.stats()["prefix_hit_blocks"] > 0  # the branching groups reused the common prefix
+    # a second turn: the whole first conversation plus a new message, its history's KV reused
+    first = jobs[0]
+    history = first[0] + first[2].tokens(0) + torch.randint(5, 1000, (9,), generator=rng).tolist()
+    hits = engine.stats()["prefix_hit_blocks"]
+    turn = submit(engine, history, max_tokens=16, temperature=1.0, ignore_eos=True)
+    assert turn.done.wait(60)
+    assert_exact(loaded.model, history, turn)
+    assert engine.stats()["prefix_hit_blocks"] - hits >= len(history) // 32 - 1
+
+
+def test_a_seeded_request_is_the_same_bits_alone_batched_and_from_the_prefix_cache(engine: DecodeEngine) -> None:
+    prompt = list(range(100, 180))
+    alone = submit(engine, prompt, n=3, max_tokens=20, temperature=1.0, seed=5, ignore_eos=True)
+    assert alone.done.wait(60)
+    noise = [submit(engine, list(range(200 + i, 240 + 7 * i)), n=2, max_tokens=40, temperature=1.0)
+             for i in range(4)]
+    again = submit(engine, prompt, n=3, max_tokens=20, temperature=1.0, seed=5, ignore_eos=True)
+    assert again.done.wait(60) and all(j.done.wait(60) for j in noise)
+    for c in range(3):
+        assert alone.tokens(c) == again.tokens(c) and alone.logprobs(c) == again.logprobs(c)
+
+
+def test_eviction_and_preemption_under_memory_pressure_keep_every_request_exact(loaded: LoadedModel) -> None:
+    """A pool of 12 blocks of 32 tokens for 8 requests of up to ~150 tokens: cached prefixes are evicted and
+    choices preempted (their KV dropped, prefilled again later); every output still matches a fresh forward and
+    a seeded request gives the same bits as with plenty of memory."""
+    per_block = KVPool.bytes_per_block(*pool_shape(loaded.model.config), torch.float32)
+    small = DecodeEngine(loaded, threads=1, kv_cache_gb=12 * per_block / 2**30).start()
+    big = DecodeEngine(loaded, threads=1).start()
+    try:
+        assert small.pool.num_blocks == 12
+        prompts = [list(range(10 + 50 * i, 10 + 50 * i + 60 + 5 * i)) for i in range(8)]
+        jobs = [submit(small, p, n=2 if i % 3 == 0 else 1, max_tokens=70, temperature=1.0, seed=i, ignore_eos=True)
+                for i, p in enumerate(prompts)]
+        refs = [submit(big, p, n=2 if i % 3 == 0 else 1, max_tokens=70, temperature=1.0, seed=i, ignore_eos=True)
+                for i, p in enumerate(prompts)]
+        for j in [*jobs, *refs]:
+            assert j.done.wait(120)
+        assert small.stats()["kv_evictions"] > 0
+        for p, j, r in zip(prompts, jobs, refs, strict=True):
+            for c in range(j.n):
+                assert len(j.tokens(c)) == 70
+                assert j.tokens(c) == r.tokens(c) and j.logprobs(c) == r.logprobs(c)
+            assert_exact(loaded.model, p, j)
+    finally:
+        small.stop()
+        big.stop()
+
+
+def perturb(model: torch.nn.Module, scale: float = 0.05) -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(0)
+    return {k: v + scale * torch.randn(v.shape, generator=gen) for k, v in model.state_dict().items()}
+
+
+def wait_tokens(job: Collect, n: int) -> None:
+    for _ in range(2000):
+        if len(job.tokens(0)) >= n:
+            return
+        threading.Event().wait(0.005)
+    raise AssertionError("the request did not start")
+
+
+@pytest.mark.parametrize("mode", ["finish", "resume"])
+def test_a_swap_mid_generation_tags_every_token_with_its_version(mode: str) -> None:
+    loaded = load_model("tiny-random")
+    old = load_model("tiny-random").model
+    eng = DecodeEngine(loaded, threads=1, swap_mode=mode).start()  # type: ignore[arg-type]
+    try:
+        prompt = list(range(300, 340))
+        running = submit(eng, prompt, max_tokens=600, temperature=1.0, ignore_eos=True)
+        wait_tokens(running, 5)
+        assert eng.update_weights(perturb(loaded.model), timeout=30) == 1
+        after = submit(eng, prompt, max_tokens=10, temperature=1.0, ignore_eos=True)
+        assert running.done.wait(120) and after.done.wait(60)
+    finally:
+        eng.stop()
+    assert set(after.versions(0)) == {1}
+    assert_exact(loaded.model, prompt, after)  # the new request: new weights
+    versions, toks, lps = running.versions(0), running.tokens(0), torch.tensor(running.logprobs(0))
+    assert len(toks) == 600 and versions == sorted(versions)
+    if mode == "finish":
+        assert set(versions) == {0}
+        assert_exact(old, prompt, running)  # the whole completion on the weights it started with
+    else:
+        cut = versions.index(1)
+        assert 5 <= cut < 600 and set(versions[cut:]) == {1}
+        ref_old = fresh_logprobs(old, prompt, toks)
+        ref_new = fresh_logprobs(loaded.model, prompt, toks)
+        assert (ref_old[:cut] - lps[:cut]).abs().max() < 1e-4
+        assert (ref_new[cut:] - lps[cut:]).abs().max() < 1e-4  # resumed: its history prefilled on the new weights
+
+
+@settings(max_examples=8, deadline=None, phases=[Phase.explicit, Phase.generate], derandomize=True,
+          suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.lists(st.tuples(st.integers(1, 90), st.integers(1, 3), st.integers(1, 40), st.booleans()),
+                min_size=3, max_size=10))
+def test_no_request_is_lost_or_duplicated_as_rows_join_and_leave(engine: DecodeEngine,
+                                                                 reqs: list[tuple[int, int, int, bool]]) -> None:
+    jobs = []
+    for i, (plen, n, max_tokens, cancel) in enumerate(reqs):
+        sink = Collect(n)
+        req = GenerationRequest(list(range(7 + i, 7 + i + plen)), SamplingParams(max_tokens=max_tokens,
+                                temperature=1.0), sink, n=n)
+        engine.submit(req)
+        jobs.append((req, sink, max_tokens))
+        if cancel:
+            req.cancel()
+    for req, sink, max_tokens in jobs:
+        assert sink.done.wait(60)
+        for c in range(req.n):
+            ends = [e for e in sink.events if e.choice == c and e.finish_reason is not None]
+            assert len(ends) == 1, f"choice {c} ended {len(ends)} times"
+            assert sink.events.index(ends[0]) == max(i for i, e in enumerate(sink.events) if e.choice == c)
+            assert len(sink.tokens(c)) <= max_tokens
+            if not req.cancelled.is_set():
+                assert ends[0].finish_reason in ("stop", "length")
+    deadline = threading.Event()
+    for _ in range(200):
+        if engine.running == 0:
+            break
+        deadline.wait(0.01)
+    assert engine.running == 0 and engine.pool.free_blocks == engine.pool.num_blocks - 1
