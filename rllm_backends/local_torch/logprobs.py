@@ -3,17 +3,32 @@
 Server rule (shared contract): the logprob of a sampled token is log_softmax(logits / T)[token], T the request
 temperature (T = 0 → greedy, reported at T = 1). The trainer uses the same T so that, before any update, its
 recomputed logprobs equal the sampler's and the first PPO ratio is 1.
+
+Two ways to score a micro-batch. `sequence_logprobs`: right-padded [B, T] rows through the whole CausalLM.
+`packed_logprobs` (the trainer's, issue 16): the rows concatenated into one [1, N] sequence with positions
+restarting per row, under the PACKED_ATTENTION implementation (causal SDPA within each row: no padding and no
+N × N mask), and only the trained positions through lm_head, LOGPROB_CHUNK at a time, so the fp32
+[positions × vocab] logits of the whole micro-batch never exist at once.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from contextvars import ContextVar
+from dataclasses import dataclass
+from typing import Any
 
 import torch
+import torch.nn.functional as F
+import torch.utils.checkpoint
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from rllm_backends.local_torch.serving.sampling import GREEDY_BELOW
 
-__all__ = ["collate", "sequence_logprobs"]
+__all__ = ["LOGPROB_CHUNK", "PACKED_ATTENTION", "PackedRows", "chunked_token_logprobs", "collate",
+           "enable_packed_attention", "pack_rows", "packed_logprobs", "sequence_logprobs"]
 
 
 def collate(seqs: Sequence[Sequence[float]], pad: float, dtype: torch.dtype, device: str | torch.device
@@ -54,3 +69,167 @@ def sequence_logprobs(
         with torch.no_grad():
             entropy_BT = -(logp_BTV.exp() * logp_BTV).sum(-1)
     return logprobs_BT, entropy_BT
+
+
+# ---------------------------------------------------------------------------------------------- packed rows
+PACKED_ATTENTION = "rllm_packed_sdpa"
+"""transformers attention implementation the trainer's model runs under: SDPA per packed row when the forward
+names the rows' lengths (`packed_lengths`), plain SDPA otherwise (so a copy of the model serves unchanged)."""
+LOGPROB_CHUNK = 512
+"""Positions put through the vocabulary projection at once: bounds the [positions × vocab] fp32 logits."""
+
+_NO_MASK: ContextVar[bool] = ContextVar("rllm_packed_no_mask", default=False)
+"""Set during a packed forward: no [tokens × tokens] mask is built (the attention splits by row itself)."""
+
+
+@dataclass(frozen=True)
+class PackedRows:
+    """Rows concatenated into one [1, N] sequence, positions restarting at 0 per row, with the packed indices
+    of the tokens to score: token `targets_K[k]` at packed index `index_K[k]` is predicted from `index_K[k] − 1`
+    (never across rows: position 0 of a row has no prefix and is never a target)."""
+
+    input_ids_1N: torch.Tensor
+    position_ids_1N: torch.Tensor
+    lengths: tuple[int, ...]
+    index_K: torch.Tensor
+    """Packed indices of the scored tokens (row by row, in order)."""
+    row_K: torch.Tensor
+    """Row of each scored token (0-based within this pack)."""
+    col_K: torch.Tensor
+    """Column of each scored token within its own row."""
+
+
+def pack_rows(seqs: Sequence[Sequence[int]], masks: Sequence[Sequence[int]], device: str | torch.device
+              ) -> PackedRows:
+    """Pack token rows without padding; score the tokens where `masks` is 1 (position 0 of a row excepted)."""
+    if not seqs:
+        raise ValueError("pack_rows: no rows to pack")
+    ids: list[int] = []
+    pos: list[int] = []
+    index: list[int] = []
+    row_of: list[int] = []
+    col_of: list[int] = []
+    for r, (seq, mask) in enumerate(zip(seqs, masks, strict=True)):
+        if len(seq) != len(mask):
+            raise ValueError(f"pack_rows: row {r} has {len(seq)} tokens but {len(mask)} mask entries")
+        offset = len(ids)
+        ids.extend(seq)
+        pos.extend(range(len(seq)))
+        cols = [j for j in range(1, len(seq)) if mask[j]]
+        index.extend(offset + j for j in cols)
+        row_of.extend([r] * len(cols))
+        col_of.extend(cols)
+
+    def long(values: list[int]) -> torch.Tensor:
+        return torch.tensor(values, dtype=torch.long, device=device)
+
+    return PackedRows(long(ids)[None], long(pos)[None], tuple(len(s) for s in seqs), long(index), long(row_of),
+                      long(col_of))
+
+
+def _packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
+                 attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
+                 **kwargs: Any) -> tuple[torch.Tensor, None]:
+    """Causal SDPA within each packed row (query [1, H, N, D] → [1, N, H, D]): a block-diagonal mask over the
+    pack would cost N² per layer where the rows need only Σ len²; without `packed_lengths`, plain SDPA."""
+    lengths = kwargs.pop("packed_lengths", None)
+    if lengths is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    groups = int(getattr(module, "num_key_value_groups", 1))
+    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    p = dropout if module.training else 0.0
+    outs = [F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, scale=scaling)
+            for q, k, v in zip(query.split(lengths, 2), key.split(lengths, 2), value.split(lengths, 2), strict=True)]
+    return torch.cat(outs, 2).transpose(1, 2).contiguous(), None
+
+
+def _packed_mask(*args: Any, **kwargs: Any) -> Any:
+    return None if _NO_MASK.get() else sdpa_mask(*args, **kwargs)
+
+
+AttentionInterface.register(PACKED_ATTENTION, _packed_sdpa)
+AttentionMaskInterface.register(PACKED_ATTENTION, _packed_mask)
+
+
+def _causal_lm(model: torch.nn.Module) -> Any:
+    """The transformers CausalLM inside `model` (a PeftModel's base model: its LoRA layers stay in place)."""
+    get_base: Any = getattr(model, "get_base_model", None)
+    return get_base() if callable(get_base) else model
+
+
+def enable_packed_attention(model: torch.nn.Module) -> bool:
+    """Switch an SDPA model to PACKED_ATTENTION (same results unpacked) so it can run `packed_logprobs`.
+    False, model unchanged, for a model that cannot: other attention, a custom logit transform after lm_head,
+    or no separate decoder / output embedding."""
+    lm = _causal_lm(model)
+    cfg = getattr(lm, "config", None)
+    if cfg is None or getattr(cfg, "_attn_implementation", None) not in ("sdpa", PACKED_ATTENTION):
+        return False
+    if any(getattr(cfg, k, None) not in (None, 1.0) for k in ("final_logit_softcapping", "logit_scale")):
+        return False
+    if not isinstance(getattr(lm, "base_model", None), torch.nn.Module) or lm.base_model is lm:
+        return False
+    if not isinstance(lm.get_output_embeddings(), torch.nn.Module):
+        return False
+    try:
+        lm.set_attn_implementation(PACKED_ATTENTION)
+    except (AttributeError, ValueError):
+        return False
+    return bool(cfg._attn_implementation == PACKED_ATTENTION)
+
+
+def packed_logprobs(model: torch.nn.Module, packed: PackedRows, temperature: float = 1.0,
+                    with_entropy: bool = False, chunk: int = LOGPROB_CHUNK, checkpoint: bool = False
+                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-probs [K] of the packed rows' scored tokens (and their entropy, detached), the same rule as
+    `sequence_logprobs`. The model must have `enable_packed_attention`. Only the K scored positions go through
+    lm_head, `chunk` at a time; `checkpoint` recomputes each chunk's logits in backward instead of keeping its
+    [chunk × vocab] log-softmax (less memory, one more lm_head matmul)."""
+    lm = _causal_lm(model)
+    token = _NO_MASK.set(True)
+    try:
+        hidden_1NH = lm.base_model(input_ids=packed.input_ids_1N, position_ids=packed.position_ids_1N,
+                                   use_cache=False, packed_lengths=packed.lengths).last_hidden_state
+    finally:
+        _NO_MASK.reset(token)
+    hidden_KH = hidden_1NH[0].index_select(0, packed.index_K - 1)
+    return chunked_token_logprobs(hidden_KH, lm.get_output_embeddings(), packed.input_ids_1N[0, packed.index_K],
+                                  temperature, with_entropy, chunk, checkpoint)
+
+
+def chunked_token_logprobs(hidden_KH: torch.Tensor, lm_head: torch.nn.Module, targets_K: torch.Tensor,
+                           temperature: float = 1.0, with_entropy: bool = False, chunk: int = LOGPROB_CHUNK,
+                           checkpoint: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """log_softmax(lm_head(h) / T)[target] for K positions, `chunk` positions at a time (fp32 softmax)."""
+    if chunk < 1:
+        raise ValueError(f"chunked_token_logprobs: chunk must be ≥ 1, got {chunk}")
+    temp = temperature if temperature >= GREEDY_BELOW else 1.0  # the server's greedy threshold (as vLLM's)
+    logps: list[torch.Tensor] = []
+    ents: list[torch.Tensor] = []
+    for a in range(0, hidden_KH.shape[0], chunk):
+        args = (lm_head, hidden_KH[a : a + chunk], targets_K[a : a + chunk], temp, with_entropy)
+        if checkpoint and torch.is_grad_enabled():
+            lp, ent = torch.utils.checkpoint.checkpoint(_chunk_logprobs, *args, use_reentrant=False)
+        else:
+            lp, ent = _chunk_logprobs(*args)
+        logps.append(lp)
+        if ent is not None:
+            ents.append(ent)
+    if not logps:
+        empty = hidden_KH.new_zeros(0, dtype=torch.float32)
+        return empty, (empty if with_entropy else None)
+    return torch.cat(logps), (torch.cat(ents) if with_entropy else None)
+
+
+def _chunk_logprobs(lm_head: torch.nn.Module, h_CH: torch.Tensor, t_C: torch.Tensor, temp: float,
+                    with_entropy: bool) -> tuple[torch.Tensor, torch.Tensor | None]:
+    logits_CV = lm_head(h_CH).float()
+    if temp != 1.0:
+        logits_CV = logits_CV / temp
+    logp_CV = torch.log_softmax(logits_CV, dim=-1)
+    ent_C = None
+    if with_entropy:
+        with torch.no_grad():
+            ent_C = -(logp_CV.exp() * logp_CV).sum(-1)
+    return logp_CV.gather(-1, t_C.unsqueeze(-1)).squeeze(-1), ent_C

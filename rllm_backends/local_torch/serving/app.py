@@ -62,6 +62,9 @@ class _Handlers:
     async def health(self, request: web.Request) -> web.Response:
         body = {"status": "ok", "model": self.model_name, "policy_version": self.engine.policy_version,
                 "running": self.engine.running, "waiting": self.engine.waiting}
+        stats = getattr(self.engine, "stats", None)
+        if stats is not None:
+            body["kv"] = stats()
         if self.adapters:
             body |= {"adapters": list(self.adapters), "default_adapter": self.default_adapter}
         return web.json_response(body)

@@ -26,7 +26,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-__all__ = ["GEMM_ROW_BLOCK", "PAGED_ATTENTION", "Segment", "StepPlan", "attend", "current_plan", "plan_scope"]
+__all__ = ["GEMM_ROW_BLOCK", "PAGED_ATTENTION", "Segment", "StepPlan", "attend", "current_plan", "plan_scope",
+           "pow2_width", "visible_keys"]
 
 GEMM_ROW_BLOCK = 4
 """CPU matmuls compute rows in blocks of 4 and the 1-3 rows left over with other kernels (other bits): every
@@ -58,6 +59,7 @@ class StepPlan:
     """(R, blocks) their block tables, padded with block 0."""
     decode_pos: torch.Tensor
     """(R,) their positions."""
+    decode_visible: torch.Tensor | None
     prefills: list[Segment]
     pool_keys: list[torch.Tensor]
     pool_values: list[torch.Tensor]
@@ -97,20 +99,37 @@ def _pad_rows(x: torch.Tensor, dim: int) -> torch.Tensor:
     return torch.cat([x, x.new_zeros(shape)], dim)
 
 
+def pow2_width(blocks: int) -> int:
+    """Block-table width of a pass: a power of two, so the pairwise tree over blocks is always full (padding
+    entries point at block 0, all zeros, beyond every query's position: they add exact zeros)."""
+    return 1 << max(0, blocks - 1).bit_length()
+
+
+def visible_keys(tables: torch.Tensor, qpos: torch.Tensor, block_size: int) -> torch.Tensor:
+    """(R, blocks, 1, m, bs) mask: key positions at or before each query row's position."""
+    nb = tables.shape[1]
+    kpos = torch.arange(nb * block_size, device=tables.device).view(nb, block_size)
+    return kpos[None, :, None, None, :] <= qpos[:, None, None, :, None]
+
+
 def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tables: torch.Tensor, qpos: torch.Tensor,
-           scale: float, block_size: int) -> torch.Tensor:
+           scale: float, block_size: int, visible: torch.Tensor | None = None) -> torch.Tensor:
     """Blocked attention of query rows over their block tables.
 
-    q: (R, kv_heads, m, D), m query rows per KV head (GQA groups x tokens); tables: (R, blocks) block ids;
-    qpos: (R, m) each query row's position (keys at positions <= it are visible). Returns (R, kv_heads, m, D).
+    q: (R, kv_heads, m, D), m query rows per KV head (GQA groups x tokens); tables: (R, blocks) block ids, padded
+    with block 0; qpos: (R, m) each query row's position (keys at positions <= it are visible); `visible`: the
+    mask `visible_keys` gives (passed in when every layer of a pass shares it). Returns (R, kv_heads, m, D).
     """
     R, _, m, _ = q.shape
-    nb = tables.shape[1]
+    width = pow2_width(tables.shape[1])
+    if width > tables.shape[1]:
+        tables = torch.cat([tables, tables.new_zeros(R, width - tables.shape[1])], 1)
+        visible = None
+    if visible is None:
+        visible = visible_keys(tables, qpos, block_size)
     k = keys[tables]  # R, nb, kv_heads, bs, D
     v = values[tables]
     s = torch.matmul(_pad_rows(q, 2)[:, None], k.transpose(-1, -2))[:, :, :, :m] * scale  # R, nb, kvh, m, bs
-    kpos = torch.arange(nb * block_size, device=q.device).view(nb, block_size)
-    visible = kpos[None, :, None, None, :] <= qpos[:, None, None, :, None]
     s = s.masked_fill(~visible, float("-inf"))
     m_c = s.amax(-1)
     m_safe = torch.where(torch.isinf(m_c), torch.zeros_like(m_c), m_c)
@@ -119,10 +138,6 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tables: to
     out_c = torch.matmul(_pad_rows(p, 3), v)[:, :, :, :m]  # R, nb, kvh, m, D
     w = torch.exp(m_c - m_c.amax(1, keepdim=True))
     num, den = out_c * w[..., None], sum_c * w
-    width = 1 << (nb - 1).bit_length()
-    if width > nb:
-        num = torch.cat([num, num.new_zeros(R, width - nb, *num.shape[2:])], 1)
-        den = torch.cat([den, den.new_zeros(R, width - nb, *den.shape[2:])], 1)
     while num.shape[1] > 1:
         num, den = num[:, 0::2] + num[:, 1::2], den[:, 0::2] + den[:, 1::2]
     return (num[:, 0] / den[:, 0, ..., None]).to(q.dtype)
@@ -151,7 +166,7 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     if plan.decode_rows.numel():
         rows = plan.decode_rows
         qpos = plan.decode_pos[:, None].expand(-1, g)
-        out[rows] = attend(q[rows], kp, vp, plan.decode_tables, qpos, scale, bs)
+        out[rows] = attend(q[rows], kp, vp, plan.decode_tables, qpos, scale, bs, plan.decode_visible)
     for seg in plan.prefills:
         for a in range(0, seg.n, QUERY_CHUNK):
             b = min(seg.n, a + QUERY_CHUNK)

@@ -11,7 +11,7 @@ import typer
 from rich.console import Console
 from rich.markup import escape
 
-from rllm_core.errors import RLLMError
+from rllm_core.errors import ConfigError, RLLMError
 from rllm_core.hookspecs import hookimpl
 
 if TYPE_CHECKING:
@@ -46,11 +46,20 @@ def serve_command(
                                                             "default otherwise)."),
     device: str = typer.Option("cpu", "--device", help="torch device, e.g. cpu or cuda:0 (torch engine)."),
     vllm_arg: list[str] = typer.Option([], "--vllm-arg", help="Extra argument passed to `vllm serve` (repeatable)."),
+    kv_cache_gb: float | None = typer.Option(None, "--kv-cache-gb", min=0.001,
+                                             help="KV cache pool size in GB (torch engine; default 1.0, capped at "
+                                                  "what max-batch-size rows at full context can use)."),
+    swap_mode: str = typer.Option("finish", "--swap-mode",
+                                  help="What a weight update does to requests in flight (torch engine): finish "
+                                       "them on the old weights (kept in a copy), or resume them on the new ones."),
 ) -> None:
     """Serve a model OpenAI-compatibly with token ids and logprobs, for rollouts and training."""
     console = Console(stderr=True, soft_wrap=True)  # one line per message, even piped (no wrap at 80 columns)
     try:
-        handle = _start(model, host, port, engine, threads, max_batch_size, dtype, device, vllm_arg, console)
+        if swap_mode not in ("finish", "resume"):
+            raise ConfigError(f"--swap-mode must be finish or resume, got {swap_mode!r}")
+        handle = _start(model, host, port, engine, threads, max_batch_size, dtype, device, vllm_arg, console,
+                        kv_cache_gb, swap_mode)
     except RLLMError as exc:
         console.print(f"[red]rllm serve: {escape(str(exc))}[/red]", highlight=False)  # "rllm[x]" is no tag
         raise typer.Exit(2) from None
@@ -83,8 +92,8 @@ def _wait_for_signal() -> None:
 
 
 def _start(model: str, host: str, port: int, engine: Engine, threads: int | None, max_batch_size: int | None,
-           dtype: DType | None, device: str, vllm_args: list[str], console: Console
-           ) -> RunningPolicyServer | VLLMServer:
+           dtype: DType | None, device: str, vllm_args: list[str], console: Console,
+           kv_cache_gb: float | None = None, swap_mode: str = "finish") -> RunningPolicyServer | VLLMServer:
     if engine is Engine.vllm:
         from rllm_backends.local_torch.serving.vllm import VLLMServer
 
@@ -99,7 +108,8 @@ def _start(model: str, host: str, port: int, engine: Engine, threads: int | None
 
     with console.status(f"loading {model} ..."):
         loaded = load_model(model, dtype=getattr(torch, (dtype or DType.float32).value), device=device)
-    return start_policy_server(loaded, host=host, port=port, max_batch_size=max_batch_size or 32, threads=threads)
+    return start_policy_server(loaded, host=host, port=port, max_batch_size=max_batch_size or 32, threads=threads,
+                               kv_cache_gb=kv_cache_gb, swap_mode=swap_mode)  # type: ignore[arg-type]
 
 
 @hookimpl

@@ -35,10 +35,13 @@ class ChoiceResult:
     finish_reason: str | None = None
     policy_version: int = 0
     error: str | None = None
+    token_versions: list[int] = field(default_factory=list)
+    """The policy version that produced each token (two versions after a swap_mode="resume" weight swap)."""
 
     def add(self, ev: TokenEvent) -> None:
         if ev.token_id is not None:
             self.token_ids.append(ev.token_id)
+            self.token_versions.append(ev.policy_version)
             self.logprobs.append(ev.logprob if ev.logprob is not None else 0.0)
             self.tops.append(ev.top_logprobs or [])
         self.text += ev.text
@@ -124,6 +127,7 @@ class ResponseBuilder:
                                   if self.want_logprobs else None)
             if self.want_ids:
                 ch["token_ids"] = r.token_ids
+                ch["token_policy_versions"] = r.token_versions
             choices.append(ch)
         out: dict[str, Any] = {
             "id": self.id, "object": "chat.completion" if self.chat else "text_completion",

@@ -15,7 +15,7 @@ from typing import Any
 import torch
 
 from rllm_backends.local_torch.serving.app import check_default_adapter, engine_adapters, make_app
-from rllm_backends.local_torch.serving.engine import DecodeEngine
+from rllm_backends.local_torch.serving.engine import DecodeEngine, SwapMode
 from rllm_backends.local_torch.serving.models import LoadedModel, load_model
 from rllm_core.errors import ConfigError
 from rllm_core.threaded_app import ThreadedApp
@@ -111,7 +111,8 @@ class RunningPolicyServer:
 
 def start_policy_server(model: str | LoadedModel = "smollm2-135m", host: str = "127.0.0.1", port: int = 0,
                         max_batch_size: int = 32, threads: int | None = None,
-                        default_adapter: str | None = None) -> RunningPolicyServer:
+                        default_adapter: str | None = None, kv_cache_gb: float | None = None,
+                        swap_mode: SwapMode = "finish") -> RunningPolicyServer:
     """Load `model` (a name/path, or an already loaded one) and serve it OpenAI-compatibly on host:port.
 
     port 0 picks a free port (see `.url`). Decoding runs on its own thread with up to `max_batch_size`
@@ -120,7 +121,12 @@ def start_policy_server(model: str | LoadedModel = "smollm2-135m", host: str = "
     A LoadedModel whose `.model` is a peft PeftModel with LoRA adapters (unmerged) serves each adapter under
     its name: a request whose `model` is an adapter's name samples with it, any other name with
     `default_adapter` (None: the base weights, no adapter). GET /v1/models lists the model and every adapter.
+
+    `kv_cache_gb` sizes the KV block pool (default 1 GB, capped at what `max_batch_size` rows at full context
+    use); `swap_mode` says what `update_weights` does to requests in flight: "finish" (on the old weights, kept in
+    a copy until they end) or "resume" (on the new weights, their text so far prefilled again).
     """
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
-    engine = DecodeEngine(loaded, max_batch_size=max_batch_size, threads=threads)
+    engine = DecodeEngine(loaded, max_batch_size=max_batch_size, threads=threads, kv_cache_gb=kv_cache_gb,
+                          swap_mode=swap_mode)
     return RunningPolicyServer(engine, loaded.name, host, port, default_adapter).start()

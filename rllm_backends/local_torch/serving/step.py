@@ -13,7 +13,14 @@ from typing import Any
 import torch
 
 from rllm_backends.local_torch.serving.kv_pool import KVPool
-from rllm_backends.local_torch.serving.paged_attention import Segment, StepPlan, current_plan, plan_scope
+from rllm_backends.local_torch.serving.paged_attention import (
+    Segment,
+    StepPlan,
+    current_plan,
+    plan_scope,
+    pow2_width,
+    visible_keys,
+)
 from rllm_backends.local_torch.serving.work import Work
 
 __all__ = ["run_forward"]
@@ -63,13 +70,15 @@ def run_forward(model: Any, pool: KVPool, items: list[tuple[Work, int]], adapter
             prefills.append(Segment(start, n, c, list(w.table.blocks)))
         if c + n == len(w.tokens):
             logit_rows.append(start + n - 1)
-    width = max((len(t) for t in decode_tables), default=0)
+    width = pow2_width(max((len(t) for t in decode_tables), default=1))
+    tables = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long,
+                          device=device).view(len(decode_tables), width)
+    positions = torch.tensor(decode_pos, dtype=torch.long, device=device)
     plan = StepPlan(
         slots=torch.tensor(slots, dtype=torch.long, device=device),
         decode_rows=torch.tensor(decode_rows, dtype=torch.long, device=device),
-        decode_tables=torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long,
-                                   device=device).view(len(decode_tables), width),
-        decode_pos=torch.tensor(decode_pos, dtype=torch.long, device=device),
+        decode_tables=tables, decode_pos=positions,
+        decode_visible=visible_keys(tables, positions[:, None], bs) if decode_tables else None,
         prefills=prefills, pool_keys=pool.keys, pool_values=pool.values, block_size=bs,
         logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=device),
     )
