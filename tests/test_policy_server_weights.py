@@ -134,3 +134,27 @@ def test_stop_ends_in_flight_requests_promptly() -> None:
     with pytest.raises(RuntimeError, match="stopped"):
         srv.update_weights({})
     srv.stop()  # idempotent
+
+
+def test_resume_mode_reports_the_version_of_every_token() -> None:
+    """swap_mode="resume": a request in flight continues on the new weights; the response says which tokens
+    came from which version (`token_policy_versions`, one per token id)."""
+    with start_policy_server(load_model("tiny-random"), swap_mode="resume") as srv:
+        out: dict = {}
+
+        def call() -> None:
+            out["r"] = httpx.post(srv.base_url + "/chat/completions", timeout=120, json={
+                "messages": MSG, "max_tokens": 1200, "ignore_eos": True, "return_token_ids": True}).json()
+
+        caller = threading.Thread(target=call)
+        caller.start()
+        deadline = time.monotonic() + 30
+        while httpx.get(srv.url + "/health").json()["running"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        time.sleep(0.2)
+        assert srv.update_weights(perturbed(srv, 0.05), timeout=60) == 1
+        caller.join(120)
+    choice = out["r"]["choices"][0]
+    versions = choice["token_policy_versions"]
+    assert len(versions) == len(choice["token_ids"]) == 1200
+    assert versions == sorted(versions) and set(versions) == {0, 1}
