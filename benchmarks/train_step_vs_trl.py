@@ -3,12 +3,18 @@
 Both sides: fp32, no gradient checkpointing, β = 0 (no reference model), temperature 1, the same reward
 (1 when the completion contains the right sum, else 0), the same learning rate. A step = sample G
 completions for each of P prompts + one optimizer update (+ for us, pushing the weights into the policy
-server). The first step of each side is a warm-up and is not timed.
+server). The first step of each run is a warm-up and is not timed.
+
+Each side runs --repeats times, interleaved (ours, TRL, ours, TRL, ...) so that a machine whose speed drifts
+(other jobs, thermal limits) shifts both alike; the report gives each side's median s/step and tokens/s with
+their spread (min–max over the repeats) and the ratio of the medians, and splits ours into rollout / update /
+weight sync.
 
     python benchmarks/train_step_vs_trl.py --model tiny-random --steps 3          # seconds
     python benchmarks/train_step_vs_trl.py --model smollm2-135m --steps 2         # minutes on CPU
 
-Writes a JSON with seconds/step, completion tokens/s and the ratio (goal: ours ≥ 1.5× TRL's tokens/s).
+Writes a JSON with every repeat's figures and the summary (issue 16 goal: ours ≥ 2.5× TRL per step, i.e.
+TRL's median s/step ≥ 2.5 × ours).
 """
 
 from __future__ import annotations
@@ -131,6 +137,22 @@ def run_ours(args: argparse.Namespace, prompts: list[tuple[str, int]]) -> dict[s
             "step_times": [m["time/step_s"] for m in result.history]}
 
 
+def spread(values: list[float]) -> dict[str, float]:
+    """Median and range of one figure over the repeats."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def summarise(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out = {k: spread([r[k] for r in runs]) for k in ("seconds_per_step", "tokens_per_s")}
+    if runs and "phases" in runs[0]:
+        out["phases"] = {k: spread([r["phases"][k] for r in runs]) for k in runs[0]["phases"]}
+    return out
+
+
+def fmt(s: dict[str, float], unit: str, digits: int = 2) -> str:
+    return f"{s['median']:.{digits}f} {unit} ({s['min']:.{digits}f}–{s['max']:.{digits}f})"
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="tiny-random")
@@ -138,24 +160,34 @@ def main() -> None:
     ap.add_argument("--group-size", type=int, default=4)
     ap.add_argument("--max-tokens", type=int, default=64)
     ap.add_argument("--micro-batch-size", type=int, default=32)
-    ap.add_argument("--steps", type=int, default=3, help="timed steps (one more runs first as warm-up)")
+    ap.add_argument("--steps", type=int, default=3, help="timed steps per run (one more runs first as warm-up)")
+    ap.add_argument("--repeats", type=int, default=3, help="runs per side, interleaved ours/TRL")
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default="benchmarks/results/train_step_vs_trl.json")
     args = ap.parse_args()
+    if args.repeats < 1 or args.steps < 1:
+        ap.error("--repeats and --steps must be ≥ 1")
     prompts = make_prompts(args.prompts)
-    ours = run_ours(args, prompts)
-    print("ours:", json.dumps({k: v for k, v in ours.items() if k != "step_times"}))
-    trl = run_trl(args, prompts)
-    print("trl: ", json.dumps({k: v for k, v in trl.items() if k != "step_times"}))
-    report = {"setup": vars(args), "ours": ours, "trl": trl,
-              "speedup_tokens_per_s": ours["tokens_per_s"] / trl["tokens_per_s"],
-              "speedup_seconds_per_step": trl["seconds_per_step"] / ours["seconds_per_step"]}
+    ours_runs: list[dict[str, Any]] = []
+    trl_runs: list[dict[str, Any]] = []
+    for i in range(args.repeats):
+        ours_runs.append(run_ours(args, prompts))
+        print(f"[{i + 1}/{args.repeats}] ours:", json.dumps({k: v for k, v in ours_runs[-1].items()}), flush=True)
+        trl_runs.append(run_trl(args, prompts))
+        print(f"[{i + 1}/{args.repeats}] trl: ", json.dumps({k: v for k, v in trl_runs[-1].items()}), flush=True)
+    ours, trl = summarise(ours_runs), summarise(trl_runs)
+    report = {"setup": vars(args), "ours": ours, "trl": trl, "ours_runs": ours_runs, "trl_runs": trl_runs,
+              "speedup_seconds_per_step": trl["seconds_per_step"]["median"] / ours["seconds_per_step"]["median"],
+              "speedup_tokens_per_s": ours["tokens_per_s"]["median"] / trl["tokens_per_s"]["median"]}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(report, indent=2))
-    print(f"ours {ours['seconds_per_step']:.2f} s/step, {ours['tokens_per_s']:.0f} tok/s | TRL "
-          f"{trl['seconds_per_step']:.2f} s/step, {trl['tokens_per_s']:.0f} tok/s | tokens/s ratio "
-          f"{report['speedup_tokens_per_s']:.2f}× → {args.out}")
+    phases = ", ".join(f"{k.removeprefix('time/').removesuffix('_s')} {fmt(v, 's')}"
+                       for k, v in ours.get("phases", {}).items())
+    print(f"ours {fmt(ours['seconds_per_step'], 's/step')}, {fmt(ours['tokens_per_s'], 'tok/s', 0)} [{phases}]")
+    print(f"TRL  {fmt(trl['seconds_per_step'], 's/step')}, {fmt(trl['tokens_per_s'], 'tok/s', 0)}")
+    print(f"medians over {args.repeats} interleaved repeats: ours {report['speedup_seconds_per_step']:.2f}× TRL "
+          f"per step (goal ≥ 2.5×), {report['speedup_tokens_per_s']:.2f}× its tokens/s → {args.out}")
 
 
 if __name__ == "__main__":
