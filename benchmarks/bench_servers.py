@@ -211,3 +211,11 @@ def start_vllm(model: str, threads: int | None, max_batch: int, dtype: str, extr
     elif bind != "auto":
         env["VLLM_CPU_OMP_THREADS_BIND"] = bind
     return spawn_server(cmd, port, env=env, label="vllm")
+
+
+def split_passthrough(argv: list[str]) -> tuple[list[str], list[str]]:
+    """(the script's own arguments, those after `--`, passed on to `rllm eval` unchanged)."""
+    if "--" not in argv:
+        return argv, []
+    i = argv.index("--")
+    return argv[:i], argv[i + 1:]

@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from bench_servers import RssSampler  # a sibling script, not a package
+from bench_servers import RssSampler, split_passthrough  # a sibling script, not a package
 
 
 def eval_command(benchmark: str, max_examples: int, out: Path, model: str | None, data_dir: Path | None,
@@ -59,9 +59,7 @@ def read_summary(out: Path) -> dict[str, Any]:
 
 
 def main() -> None:
-    argv = sys.argv[1:]
-    extra = argv[argv.index("--") + 1:] if "--" in argv else []
-    argv = argv[:argv.index("--")] if "--" in argv else argv
+    argv, extra = split_passthrough(sys.argv[1:])
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--benchmark", default="gsm8k")
     ap.add_argument("--max-examples", type=int, default=40)
