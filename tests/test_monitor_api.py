@@ -337,7 +337,7 @@ def test_rllm_view_command_serves_until_stopped(runs_root: Path) -> None:
     finally:
         proc.send_signal(2)
         try:
-            proc.wait(20)
+            proc.wait(60)  # a loaded full-suite CI run once took over 20 s to see it exit
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()

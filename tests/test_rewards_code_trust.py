@@ -70,7 +70,8 @@ def test_hack_scores_zero(path: Path, tmp_path: Path) -> None:
     target = tmp_path / "escaped.txt"
     text = path.read_text().replace("__TARGET__", str(target))
     reason, _, note = _header(text, "expect").partition(":")
-    limits = SandboxLimits(timeout_s=1.0) if reason == "timeout" else None  # timeouts, faster than 3 s
+    # timeouts: faster than 3 s; the rest: room enough that a loaded CI machine never turns them into timeouts
+    limits = SandboxLimits(timeout_s=1.0) if reason == "timeout" else SandboxLimits(timeout_s=30.0)
     result = grade(_header(text, "kind"), text, limits)
     assert (result.reward, result.is_correct, result.reason) == (0.0, False, reason), result.details
     assert result.details["note"] and note.strip().lower() in result.details["note"].lower(), result.details
