@@ -33,7 +33,7 @@ from typing import Any, Literal
 import torch
 
 from rllm_backends.local_torch.serving.invariant import batch_invariant, make_batch_invariant
-from rllm_backends.local_torch.serving.kv_pool import KVPool, PoolExhausted, pool_shape
+from rllm_backends.local_torch.serving.kv_pool import BLOCK_SIZE, KVPool, PoolExhausted, pool_shape
 from rllm_backends.local_torch.serving.models import BASE_ADAPTER, LoadedModel, lora_adapters
 from rllm_backends.local_torch.serving.paged_attention import PAGED_ATTENTION
 from rllm_backends.local_torch.serving.sampling import sample_tokens, scaled_logprobs, top_logprobs_batch
@@ -103,7 +103,7 @@ class DecodeEngine:
         dtype = next(self.model.parameters()).dtype
         per_block = KVPool.bytes_per_block(layers, kv_heads, head_dim, dtype)
         budget = int((DEFAULT_KV_CACHE_GB if kv_cache_gb is None else kv_cache_gb) * 2**30) // per_block
-        enough = max_batch_size * -(-self._ctx // 32) + 1  # every row at full context: more is never needed
+        enough = max_batch_size * -(-self._ctx // BLOCK_SIZE) + 1  # every row at full context: more is never needed
         self.pool = KVPool(layers, kv_heads, head_dim, max(2, min(budget, enough)), dtype, self.device)
         self._thread = threading.Thread(target=self._run, name="rllm-decode", daemon=True)
 
@@ -361,11 +361,11 @@ class DecodeEngine:
         return out
 
     def _next_block_hash(self, w: Work) -> int | None:
-        bs = self.pool.block_size
-        i = len(w.table.hashes)
-        if (i + 1) * bs > len(w.tokens) - 1:
-            return None  # no further full block to share (the last token is always computed)
-        return self.pool.chain(w.table.hashes[-1] if w.table.hashes else w.root, tuple(w.tokens[i * bs:(i + 1) * bs]))
+        """Key of the next full block `w` would compute (None: none left to share; its last token is always
+        computed). Called when w has computed nothing past its registered blocks."""
+        if w.table.computed + self.pool.block_size > len(w.tokens) - 1:
+            return None
+        return self._block_hashes(w, self.pool.block_size)[0]
 
     def _reserve(self, w: Work, n: int, plan: list[tuple[Work, int]], preempted_now: set[int]) -> bool:
         while True:
