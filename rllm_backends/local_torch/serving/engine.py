@@ -426,10 +426,12 @@ class DecodeEngine:
                 rows.append((child, child.seq, k))
         if not rows:
             return
-        index = torch.tensor([k for _, _, k in rows], dtype=torch.long, device=logits_KV.device)
+        order = [k for _, _, k in rows]
         seqs = [s for _, s, _ in rows]
         temps = torch.tensor([s.params.temperature for s in seqs], dtype=torch.float32, device=logits_KV.device)
-        logprobs_BV = scaled_logprobs(logits_KV[index], temps)
+        if order != list(range(logits_KV.shape[0])):  # a prompt forked: gather its row for each choice
+            logits_KV = logits_KV[torch.tensor(order, dtype=torch.long, device=logits_KV.device)]
+        logprobs_BV = scaled_logprobs(logits_KV, temps)
         next_B = sample_tokens(logprobs_BV, [s.params for s in seqs], [s.generator for s in seqs])
         chosen = logprobs_BV.gather(1, next_B[:, None])[:, 0].tolist()
         tops = top_logprobs_batch(logprobs_BV, [s.params.top_logprobs for s in seqs])

@@ -41,6 +41,8 @@ class SamplingParams:
 def scaled_logprobs(logits_BV: torch.Tensor, temperature_B: torch.Tensor) -> torch.Tensor:
     """``log_softmax(logits / T)`` per row, in fp32; greedy rows (T < GREEDY_BELOW) use T = 1 (reported unscaled)."""
     t_B = torch.where(temperature_B >= GREEDY_BELOW, temperature_B, torch.ones_like(temperature_B))
+    if bool((t_B == 1.0).all()):  # x / 1 is x: skip a pass over (rows, vocab)
+        return torch.log_softmax(logits_BV.float(), dim=-1)
     return torch.log_softmax(logits_BV.float() / t_B[:, None], dim=-1)
 
 
@@ -71,6 +73,9 @@ def sample_tokens(logprobs_BV: torch.Tensor, params_B: list[SamplingParams],
     took ~2 ms per row here. top-k / top-p filter all rows in one sort.
     """
     B, V = logprobs_BV.shape
+    greedy = [p.greedy for p in params_B]
+    if all(greedy):
+        return torch.argmax(logprobs_BV, dim=-1)
     lp_BV = logprobs_BV
     if any(p.top_p < 1.0 or (p.top_k is not None and 0 < p.top_k < V) for p in params_B):
         lp_BV = _filtered(logprobs_BV, params_B)
@@ -78,7 +83,9 @@ def sample_tokens(logprobs_BV: torch.Tensor, params_B: list[SamplingParams],
     u_B = torch.stack([torch.rand((), generator=g, device=lp_BV.device) for g in generators_B]) \
         if B else torch.zeros(0, device=lp_BV.device)
     sampled_B = torch.searchsorted(cdf_BV, (u_B * cdf_BV[:, -1])[:, None], right=True)[:, 0].clamp_(max=V - 1)
-    greedy_B = torch.tensor([p.greedy for p in params_B], device=lp_BV.device)
+    if not any(greedy):
+        return sampled_B
+    greedy_B = torch.tensor(greedy, device=lp_BV.device)
     return torch.where(greedy_B, torch.argmax(logprobs_BV, dim=-1), sampled_B)
 
 
