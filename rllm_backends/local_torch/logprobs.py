@@ -15,7 +15,6 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from contextvars import ContextVar
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -25,6 +24,7 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from rllm_backends.local_torch.packed_rows import PackedRows, PrefixGroup, pack_rows
 from rllm_backends.local_torch.serving.sampling import GREEDY_BELOW
 
 __all__ = ["LOGPROB_CHUNK", "PACKED_ATTENTION", "PackedRows", "chunked_token_logprobs", "collate",
@@ -74,7 +74,7 @@ def sequence_logprobs(
 # ---------------------------------------------------------------------------------------------- packed rows
 PACKED_ATTENTION = "rllm_packed_sdpa"
 """transformers attention implementation the trainer's model runs under: SDPA per packed row when the forward
-names the rows' lengths (`packed_lengths`), plain SDPA otherwise (so a copy of the model serves unchanged)."""
+names the pack's groups (`packed_groups`), plain SDPA otherwise (so a copy of the model serves unchanged)."""
 LOGPROB_CHUNK = 512
 """Positions put through the vocabulary projection at once: bounds the [positions × vocab] fp32 logits."""
 
@@ -82,65 +82,39 @@ _NO_MASK: ContextVar[bool] = ContextVar("rllm_packed_no_mask", default=False)
 """Set during a packed forward: no [tokens × tokens] mask is built (the attention splits by row itself)."""
 
 
-@dataclass(frozen=True)
-class PackedRows:
-    """Rows concatenated into one [1, N] sequence, positions restarting at 0 per row, with the packed indices
-    of the tokens to score: token `targets_K[k]` at packed index `index_K[k]` is predicted from `index_K[k] − 1`
-    (never across rows: position 0 of a row has no prefix and is never a target)."""
-
-    input_ids_1N: torch.Tensor
-    position_ids_1N: torch.Tensor
-    lengths: tuple[int, ...]
-    index_K: torch.Tensor
-    """Packed indices of the scored tokens (row by row, in order)."""
-    row_K: torch.Tensor
-    """Row of each scored token (0-based within this pack)."""
-    col_K: torch.Tensor
-    """Column of each scored token within its own row."""
-
-
-def pack_rows(seqs: Sequence[Sequence[int]], masks: Sequence[Sequence[int]], device: str | torch.device
-              ) -> PackedRows:
-    """Pack token rows without padding; score the tokens where `masks` is 1 (position 0 of a row excepted)."""
-    if not seqs:
-        raise ValueError("pack_rows: no rows to pack")
-    ids: list[int] = []
-    pos: list[int] = []
-    index: list[int] = []
-    row_of: list[int] = []
-    col_of: list[int] = []
-    for r, (seq, mask) in enumerate(zip(seqs, masks, strict=True)):
-        if len(seq) != len(mask):
-            raise ValueError(f"pack_rows: row {r} has {len(seq)} tokens but {len(mask)} mask entries")
-        offset = len(ids)
-        ids.extend(seq)
-        pos.extend(range(len(seq)))
-        cols = [j for j in range(1, len(seq)) if mask[j]]
-        index.extend(offset + j for j in cols)
-        row_of.extend([r] * len(cols))
-        col_of.extend(cols)
-
-    def long(values: list[int]) -> torch.Tensor:
-        return torch.tensor(values, dtype=torch.long, device=device)
-
-    return PackedRows(long(ids)[None], long(pos)[None], tuple(len(s) for s in seqs), long(index), long(row_of),
-                      long(col_of))
-
-
 def _packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                  attention_mask: torch.Tensor | None, dropout: float = 0.0, scaling: float | None = None,
                  **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """Causal SDPA within each packed row (query [1, H, N, D] → [1, N, H, D]): a block-diagonal mask over the
-    pack would cost N² per layer where the rows need only Σ len²; without `packed_lengths`, plain SDPA."""
-    lengths = kwargs.pop("packed_lengths", None)
-    if lengths is None:
+    """Causal SDPA within each packed row (query [1, H, N, D] → [1, N, H, D]), a group's rows each seeing the
+    prefix they share (`PrefixGroup`): a block mask over the pack would cost N² per layer where the rows need
+    only Σ len². Without `packed_groups`, plain SDPA."""
+    groups: tuple[PrefixGroup, ...] | None = kwargs.pop("packed_groups", None)
+    if groups is None:
         return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
                                       **kwargs)
-    groups = int(getattr(module, "num_key_value_groups", 1))
-    key, value = repeat_kv(key, groups), repeat_kv(value, groups)
+    n_rep = int(getattr(module, "num_key_value_groups", 1))
+    key, value = repeat_kv(key, n_rep), repeat_kv(value, n_rep)
     p = dropout if module.training else 0.0
-    outs = [F.scaled_dot_product_attention(q, k, v, dropout_p=p, is_causal=True, scale=scaling)
-            for q, k, v in zip(query.split(lengths, 2), key.split(lengths, 2), value.split(lengths, 2), strict=True)]
+    outs: list[torch.Tensor] = []
+    at = 0
+    for g in groups:
+        if g.prefix:
+            sl = slice(at, at + g.prefix)
+            outs.append(F.scaled_dot_product_attention(query[:, :, sl], key[:, :, sl], value[:, :, sl],
+                                                       dropout_p=p, is_causal=True, scale=scaling))
+        pk, pv = key[:, :, at: at + g.prefix], value[:, :, at: at + g.prefix]
+        at += g.prefix
+        for n in g.suffixes:
+            sl = slice(at, at + n)
+            if not g.prefix:
+                outs.append(F.scaled_dot_product_attention(query[:, :, sl], key[:, :, sl], value[:, :, sl],
+                                                           dropout_p=p, is_causal=True, scale=scaling))
+            else:  # the whole shared prefix, then causal within the row
+                sees = torch.ones(n, g.prefix + n, dtype=torch.bool, device=query.device).tril_(g.prefix)
+                outs.append(F.scaled_dot_product_attention(
+                    query[:, :, sl], torch.cat([pk, key[:, :, sl]], 2), torch.cat([pv, value[:, :, sl]], 2),
+                    attn_mask=sees, dropout_p=p, scale=scaling))
+            at += n
     return torch.cat(outs, 2).transpose(1, 2).contiguous(), None
 
 
@@ -190,10 +164,10 @@ def packed_logprobs(model: torch.nn.Module, packed: PackedRows, temperature: flo
     token = _NO_MASK.set(True)
     try:
         hidden_1NH = lm.base_model(input_ids=packed.input_ids_1N, position_ids=packed.position_ids_1N,
-                                   use_cache=False, packed_lengths=packed.lengths).last_hidden_state
+                                   use_cache=False, packed_groups=packed.groups).last_hidden_state
     finally:
         _NO_MASK.reset(token)
-    hidden_KH = hidden_1NH[0].index_select(0, packed.index_K - 1)
+    hidden_KH = hidden_1NH[0].index_select(0, packed.source_K)
     return chunked_token_logprobs(hidden_KH, lm.get_output_embeddings(), packed.input_ids_1N[0, packed.index_K],
                                   temperature, with_entropy, chunk, checkpoint)
 

@@ -219,8 +219,9 @@ class TorchTrainer:
             raise TrainingError("no trainable tokens in this batch (every row has loss mask 0); step skipped")
         started = time.perf_counter()
         # one adapter and one temperature per micro-batch (each row trains its role's adapter, scored at the
-        # temperature it was sampled at), and within it rows sorted by length: less padding
-        rows = sorted(rows, key=lambda r: (self.adapter_of(r) or "", self._temperature(r), len(r.tokens)))
+        # temperature it was sampled at); within it, padded rows sorted by length (less padding), packed rows
+        # by their untrained prompt (a group's samples side by side: their shared prompt is packed once)
+        rows = sorted(rows, key=self._row_order)
         # position 0 has no prefix to predict it from, so it can never be trained: not in the denominator
         token_denom = float(sum(sum(r.loss_mask[1:]) for r in rows))
         seq_denom = float(len(rows))
@@ -272,6 +273,12 @@ class TorchTrainer:
 
     def _temperature(self, row: TrainRow) -> float:
         return row.temperature if row.temperature is not None else self.config.temperature
+
+    def _row_order(self, row: TrainRow) -> tuple[Any, ...]:
+        if self.packed:
+            prompt = next((j for j in range(1, len(row.loss_mask)) if row.loss_mask[j]), len(row.tokens))
+            return (*self._micro_batch_key(row), tuple(row.tokens[:prompt]), len(row.tokens))
+        return (*self._micro_batch_key(row), len(row.tokens))
 
     def _micro_batch_key(self, row: TrainRow) -> tuple[str, float]:
         return self.adapter_of(row) or "", self._temperature(row)
