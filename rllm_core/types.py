@@ -75,6 +75,9 @@ class Step(_Record):
     latency_s: float | None = None
     started_at: float = Field(default_factory=time.time)
     policy_version: int | None = None
+    token_policy_versions: list[int] | None = None
+    """The policy version that sampled each completion token, where the server says (rllm's policy server does
+    with `return_token_ids`): after a weight swap with `swap_mode="resume"` one completion can span two."""
     token_source: TokenSource = "none"
     choice_index: int = 0
     reward: float | None = None
@@ -91,6 +94,10 @@ class Step(_Record):
             )
         if lps is not None and ids is None:
             raise ValueError(f"Step {self.id}: logprobs given without completion_token_ids")
+        versions = self.token_policy_versions
+        if versions is not None and (ids is None or len(versions) != len(ids)):
+            raise ValueError(f"Step {self.id}: {len(versions)} token policy versions for "
+                             f"{0 if ids is None else len(ids)} completion tokens; there must be one per token")
         for name, seq in (("prompt_token_ids", self.prompt_token_ids), ("completion_token_ids", ids)):
             if seq and min(seq) < 0:  # caught here, not as an index error inside an embedding lookup
                 raise ValueError(f"Step {self.id}: {name} contains a negative id ({min(seq)}); token ids are >= 0")

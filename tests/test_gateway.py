@@ -264,5 +264,9 @@ def test_through_the_real_policy_server_ids_match_what_it_sent():
     assert chat_step.completion_token_ids == resp.choices[0].model_extra["token_ids"]
     assert chat_step.logprobs == [e.logprob for e in resp.choices[0].logprobs.content]
     assert chat_step.policy_version == srv.policy_version and chat_step.trainable
+    assert chat_step.token_policy_versions == [srv.policy_version] * len(chat_step.completion_token_ids or [])
+    assert chat_step.token_policy_versions == resp.choices[0].model_extra["token_policy_versions"]
     assert "token_ids" not in (plain.choices[0].model_extra or {}) and comp_step.trainable
+    assert "token_policy_versions" not in (plain.choices[0].model_extra or {})
+    assert comp_step.token_policy_versions == [srv.policy_version] * len(comp_step.completion_token_ids or [])
     assert len(comp_step.completion_token_ids or []) == len(comp_step.logprobs or []) > 0

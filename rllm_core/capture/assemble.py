@@ -183,7 +183,7 @@ class CallAssembler:
                 c.text.append(piece)
             if isinstance(delta, dict):
                 c.merge_tool_calls(delta.get("tool_calls"))
-            self._absorb_tokens(c, ch, f"chunk {self._chunks}")
+            self._absorb_tokens(c, ch, f"chunk {self._chunks}", chunk.get("policy_version"))
 
     def _absorb_body(self, body: dict[str, Any]) -> None:
         self._absorb_top(body)
@@ -202,9 +202,12 @@ class CallAssembler:
                 c.text.append(ch["text"])
             self._absorb_tokens(c, ch, "the body")
 
-    def _absorb_tokens(self, c: Choice, ch: dict[str, Any], where: str) -> None:
-        """A choice's ids, logprobs, prompt ids and finish reason (the same in a chunk and in a body)."""
+    def _absorb_tokens(self, c: Choice, ch: dict[str, Any], where: str, chunk_version: Any = None) -> None:
+        """A choice's ids, logprobs, prompt ids, token versions and finish reason (the same in a chunk and in a
+        body; a stream chunk's tokens take the chunk's `policy_version`)."""
+        before = len(c.token_ids or [])
         c.add_tokens(ch.get("token_ids"), *logprobs_of(ch.get("logprobs")), where, self._logprobs_requested())
+        c.add_versions(len(c.token_ids or []) - before, ch.get("token_policy_versions"), chunk_version)
         if isinstance(ch.get("prompt_token_ids"), list):
             c.prompt_token_ids = ch["prompt_token_ids"]
         if isinstance(ch.get("finish_reason"), str) and ch["finish_reason"]:
@@ -223,6 +226,7 @@ class CallAssembler:
             if not self.call.wants_token_ids:
                 ch.pop("token_ids", None)
                 ch.pop("prompt_token_ids", None)
+                ch.pop("token_policy_versions", None)
 
     # ------------------------------------------------------------------ finishing
     def finish(self, error: str | None = None) -> tuple[bytes, list[Step]]:
@@ -303,13 +307,16 @@ class CallAssembler:
         metadata: dict[str, Any] = {"upstream": call.upstream, "response_id": top.get("id")}
         lps = self._trainable_logprobs(c, metadata)
         source: TokenSource = "server" if prompt_ids is not None and c.token_ids is not None else "none"
+        versions = c.token_versions if source == "server" else None
+        if versions is None or None in versions or len(versions) != len(c.token_ids or []):
+            versions = None  # only when the server said it for every token
         step = Step(
             agent=call.agent, endpoint=call.endpoint, model=body.get("model") or top.get("model"),
             messages=request_messages(call), prompt=prompt if call.endpoint == "completions" else None,
             params=call.params, prompt_token_ids=prompt_ids, completion_token_ids=c.token_ids, logprobs=lps,
             text=text, tool_calls=tool_calls, finish_reason=c.finish_reason, usage=top.get("usage"),
             latency_s=latency, started_at=call.started_at, policy_version=_int_or_none(top.get("policy_version")),
-            token_source=source, choice_index=index, error=error, metadata=metadata,
+            token_policy_versions=versions, token_source=source, choice_index=index, error=error, metadata=metadata,
         )
         return retokenize_step(step, self.tokenizer)
 

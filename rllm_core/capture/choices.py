@@ -64,11 +64,24 @@ class Choice:
     """The token strings the server gave with its logprobs (chat `content[*].token`): what retokenized ids must
     match, one by one, before its logprobs may be trained on."""
     prompt_token_ids: list[int] | None = None
+    token_versions: list[int | None] | None = None
+    """The policy version of each token id, where the server says (None where a chunk or body did not)."""
     tool_calls: dict[int, dict[str, Any]] = field(default_factory=dict)
     finish_reason: str | None = None
     gaps: list[str] = field(default_factory=list)
     """Where the logprobs stopped covering the token ids one by one (the first few)."""
     gap_count: int = 0
+
+    def add_versions(self, count: int, versions: Any, chunk_version: Any) -> None:
+        """Versions of the `count` token ids just added: a body's per-token list, else the chunk's version."""
+        if count <= 0:
+            return
+        if isinstance(versions, list) and len(versions) == count:
+            got = [v if isinstance(v, int) and not isinstance(v, bool) else None for v in versions]
+        else:
+            one = chunk_version if isinstance(chunk_version, int) and not isinstance(chunk_version, bool) else None
+            got = [one] * count
+        self.token_versions = [*(self.token_versions or []), *got]
 
     def gap(self, why: str) -> None:
         self.gap_count += 1

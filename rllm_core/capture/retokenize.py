@@ -134,5 +134,5 @@ def retokenize_step(step: Step, tokenizer: Any) -> Step:
             metadata["retokenize_mismatch"] = why
     data = step.model_dump()
     data.update(prompt_token_ids=prompt_ids, completion_token_ids=ids, logprobs=logprobs,
-                token_source="retokenized", metadata=metadata)
+                token_policy_versions=None, token_source="retokenized", metadata=metadata)
     return Step.model_validate(data)

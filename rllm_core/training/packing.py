@@ -103,7 +103,9 @@ class _Building:
         self.tokens += ids
         self.mask += [1] * len(ids)
         self.logprobs += [float(x) for x in lps]
-        if step.policy_version is not None:
+        if step.token_policy_versions:  # the oldest policy that sampled any of its tokens
+            self.versions.append(min(step.token_policy_versions))
+        elif step.policy_version is not None:
             self.versions.append(step.policy_version)
         self.num_steps += 1
 
