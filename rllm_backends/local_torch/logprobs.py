@@ -95,25 +95,26 @@ def _packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     n_rep = int(getattr(module, "num_key_value_groups", 1))
     key, value = repeat_kv(key, n_rep), repeat_kv(value, n_rep)
     p = dropout if module.training else 0.0
+    def causal(sl: slice) -> torch.Tensor:
+        return F.scaled_dot_product_attention(query[:, :, sl], key[:, :, sl], value[:, :, sl], dropout_p=p,
+                                              is_causal=True, scale=scaling)
+
     outs: list[torch.Tensor] = []
     at = 0
     for g in groups:
+        pre = slice(at, at + g.prefix)
         if g.prefix:
-            sl = slice(at, at + g.prefix)
-            outs.append(F.scaled_dot_product_attention(query[:, :, sl], key[:, :, sl], value[:, :, sl],
-                                                       dropout_p=p, is_causal=True, scale=scaling))
-        pk, pv = key[:, :, at: at + g.prefix], value[:, :, at: at + g.prefix]
+            outs.append(causal(pre))
         at += g.prefix
         for n in g.suffixes:
             sl = slice(at, at + n)
             if not g.prefix:
-                outs.append(F.scaled_dot_product_attention(query[:, :, sl], key[:, :, sl], value[:, :, sl],
-                                                           dropout_p=p, is_causal=True, scale=scaling))
+                outs.append(causal(sl))
             else:  # the whole shared prefix, then causal within the row
                 sees = torch.ones(n, g.prefix + n, dtype=torch.bool, device=query.device).tril_(g.prefix)
                 outs.append(F.scaled_dot_product_attention(
-                    query[:, :, sl], torch.cat([pk, key[:, :, sl]], 2), torch.cat([pv, value[:, :, sl]], 2),
-                    attn_mask=sees, dropout_p=p, scale=scaling))
+                    query[:, :, sl], torch.cat([key[:, :, pre], key[:, :, sl]], 2),
+                    torch.cat([value[:, :, pre], value[:, :, sl]], 2), attn_mask=sees, dropout_p=p, scale=scaling))
             at += n
     return torch.cat(outs, 2).transpose(1, 2).contiguous(), None
 

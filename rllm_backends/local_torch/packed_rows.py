@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import torch
 
-__all__ = ["MIN_SHARED_PREFIX", "PackedRows", "PrefixGroup", "pack_rows"]
+__all__ = ["MIN_SHARED_PREFIX", "PackedRows", "PrefixGroup", "first_trained", "pack_rows"]
 
 MIN_SHARED_PREFIX = 16
 """Shorter common prefixes are not shared: the attention calls of a group cost more than the tokens saved."""
@@ -27,10 +27,6 @@ class PrefixGroup:
 
     prefix: int
     suffixes: tuple[int, ...]
-
-    @property
-    def tokens(self) -> int:
-        return self.prefix + sum(self.suffixes)
 
 
 @dataclass(frozen=True)
@@ -52,13 +48,9 @@ class PackedRows:
     col_K: torch.Tensor
     """Column of each scored token within its own row."""
 
-    @property
-    def lengths(self) -> tuple[int, ...]:
-        """Packed tokens per group."""
-        return tuple(g.tokens for g in self.groups)
 
-
-def _first_scored(mask: Sequence[int]) -> int:
+def first_trained(mask: Sequence[int]) -> int:
+    """The first position a row trains on (position 0 never is), or its length when none: its prompt's end."""
     return next((j for j in range(1, len(mask)) if mask[j]), len(mask))
 
 
@@ -77,12 +69,12 @@ def _groups(seqs: Sequence[Sequence[int]], masks: Sequence[Sequence[int]], min_s
         if min_shared and out:
             shared, members = out[-1]
             first = seqs[members[0]]
-            limit = min(shared, _first_scored(masks[r]), len(seq) - 1)
+            limit = min(shared, first_trained(masks[r]), len(seq) - 1)
             common = _common(first, seq, limit)
             if common >= min_shared:
                 out[-1] = (common, [*members, r])
                 continue
-        own = min(_first_scored(masks[r]), len(seq) - 1)  # a row alone: its prefix could be shared by the next
+        own = min(first_trained(masks[r]), len(seq) - 1)  # a row alone: its prefix could be shared by the next
         out.append((own, [r]))
     return out
 

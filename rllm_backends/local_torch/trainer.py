@@ -41,6 +41,7 @@ from rllm_backends.local_torch.logprobs import (
     packed_logprobs,
     sequence_logprobs,
 )
+from rllm_backends.local_torch.packed_rows import first_trained
 from rllm_core.algorithms import policy_loss_with_metrics
 from rllm_core.errors import ConfigError, TrainingError
 from rllm_core.training.config import TrainConfig
@@ -276,8 +277,8 @@ class TorchTrainer:
 
     def _row_order(self, row: TrainRow) -> tuple[Any, ...]:
         if self.packed:
-            prompt = next((j for j in range(1, len(row.loss_mask)) if row.loss_mask[j]), len(row.tokens))
-            return (*self._micro_batch_key(row), tuple(row.tokens[:prompt]), len(row.tokens))
+            prompt = tuple(row.tokens[: first_trained(row.loss_mask)])
+            return (*self._micro_batch_key(row), prompt, len(row.tokens))
         return (*self._micro_batch_key(row), len(row.tokens))
 
     def _micro_batch_key(self, row: TrainRow) -> tuple[str, float]:

@@ -58,16 +58,6 @@ def wide_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def _padded_wide(self: torch.nn.Linear, x: torch.Tensor, rows: int) -> torch.Tensor:
-    flat = x.reshape(rows, x.shape[-1])
-    if rows < WIDE_MIN_ROWS:
-        flat = torch.cat([flat, flat.new_zeros(WIDE_MIN_ROWS - rows, flat.shape[-1])])
-    out = wide_linear(flat, self.weight)[:rows]
-    if self.bias is not None:
-        out += self.bias
-    return out.reshape(*x.shape[:-1], -1)
-
-
 def _padded_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """`F.linear` on rows zero-padded to a multiple of GEMM_ROW_BLOCK (padding dropped), except for a lone row
     outside a batch-invariant pass (a matrix-vector product, twice as fast as a padded 4-row matmul).
@@ -77,14 +67,19 @@ def _padded_linear(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
     lone = rows == 1 and not getattr(_invariant, "on", False)
-    if self.out_features >= WIDE_OUT_FEATURES and rows and not lone and not torch.is_grad_enabled():
-        return _padded_wide(self, x, rows)
-    extra = -rows % GEMM_ROW_BLOCK
-    if not extra or lone:
+    wide = self.out_features >= WIDE_OUT_FEATURES and rows > 0 and not lone and not torch.is_grad_enabled()
+    extra = max(0, WIDE_MIN_ROWS - rows) if wide else -rows % GEMM_ROW_BLOCK
+    if not wide and (not extra or lone):
         return F.linear(x, self.weight, self.bias)
     flat = x.reshape(rows, x.shape[-1])
-    padded = torch.cat([flat, flat.new_zeros(extra, flat.shape[-1])])
-    return F.linear(padded, self.weight, self.bias)[:rows].reshape(*x.shape[:-1], -1)
+    if extra:
+        flat = torch.cat([flat, flat.new_zeros(extra, flat.shape[-1])])
+    if not wide:
+        return F.linear(flat, self.weight, self.bias)[:rows].reshape(*x.shape[:-1], -1)
+    out = wide_linear(flat, self.weight)[:rows]
+    if self.bias is not None:
+        out += self.bias
+    return out.reshape(*x.shape[:-1], -1)
 
 
 def make_batch_invariant(model: torch.nn.Module) -> bool:
