@@ -165,7 +165,7 @@ def main() -> None:
     cmd = train_cmd(args, run_dir)
     print("running:", " ".join(cmd), flush=True)
     started = time.time()
-    env = {**os.environ, "HF_HUB_OFFLINE": "1", "OMP_WAIT_POLICY": "PASSIVE"}
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # rllm sets its OpenMP spin bound itself
     proc = subprocess.run(cmd, env=env)
     curve = read_curve(run_dir)
     who = args.workflow or (Path(args.agent.partition(":")[0]).stem if args.agent else "default agent")

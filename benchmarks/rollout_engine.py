@@ -30,7 +30,8 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import rllm_core.openmp  # noqa: F401  (bounds OpenMP spinning before torch loads)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import argparse

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import rllm_core.openmp  # noqa: F401  (bounds OpenMP spinning before torch loads)
 
 
 def make_prompts(n: int, seed: int = 0) -> list[tuple[str, int]]:

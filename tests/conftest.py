@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import os
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+import rllm_core.openmp  # noqa: F401  (bounds OpenMP spinning before torch loads)
+
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")  # local test clusters on 127.0.0.1 need no token

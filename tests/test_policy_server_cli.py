@@ -186,10 +186,12 @@ def test_policy_server_bound_to_all_interfaces_reports_a_loopback_url() -> None:
         assert up.url == srv.base_url and up.inject is True
 
 
-def test_importing_the_server_sets_a_passive_omp_wait_policy_before_torch() -> None:
-    code = ("import os, sys; os.environ.pop('OMP_WAIT_POLICY', None); "
-            "import rllm_backends.local_torch.serving as s; "
-            "print(os.environ.get('OMP_WAIT_POLICY'), 'torch' in sys.modules)")
-    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"}
+def test_importing_the_server_bounds_openmp_spinning_before_torch_unless_the_user_chose() -> None:
+    code = ("import os, sys; import rllm_backends.local_torch.serving as s; "
+            "print(os.environ.get('GOMP_SPINCOUNT'), 'torch' in sys.modules)")
+    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
-    assert out.stdout.split() == ["PASSIVE", "False"], out.stderr
+    assert out.stdout.split() == ["20000", "False"], out.stderr
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
+                         env={**env, "OMP_WAIT_POLICY": "PASSIVE"})
+    assert out.stdout.split() == ["None", "False"], out.stderr  # the user's policy stands

@@ -15,6 +15,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from rllm_core.errors import RLLMError
+from rllm_core.openmp import bound_openmp_spinning
 from rllm_core.plugins import get_plugin_manager
 
 __all__ = ["build_app", "main"]
@@ -43,7 +44,7 @@ def build_app() -> typer.Typer:
 def main() -> None:
     """The console script. An `RLLMError` from any command is printed as one line (it says what to do), not
     as a traceback; anything else is a bug and keeps its traceback."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # torch threads must not spin when sharing 2 cores
+    bound_openmp_spinning()  # before torch loads: idle OpenMP workers spin briefly, then sleep
     logging.basicConfig(level=os.environ.get("RLLM_LOG_LEVEL", "WARNING"),
                         format="%(levelname)s %(name)s: %(message)s")  # not "WARNING:rllm.train:..."
     try:

@@ -13,10 +13,9 @@ Names are imported lazily so that `rllm --help` (which loads the `serve` plugin)
 from __future__ import annotations
 
 import importlib
-import os
 from typing import TYPE_CHECKING, Any
 
-os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")  # before torch loads: idle OpenMP threads must not spin
+import rllm_core.openmp  # noqa: F401  (before torch loads: idle OpenMP workers spin briefly, then sleep)
 
 if TYPE_CHECKING:
     from rllm_backends.local_torch.serving.models import LoadedModel, load_model
