@@ -95,27 +95,29 @@ def _packed_sdpa(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor
     n_rep = int(getattr(module, "num_key_value_groups", 1))
     key, value = repeat_kv(key, n_rep), repeat_kv(value, n_rep)
     p = dropout if module.training else 0.0
-    def causal(sl: slice) -> torch.Tensor:
-        return F.scaled_dot_product_attention(query[:, :, sl], key[:, :, sl], value[:, :, sl], dropout_p=p,
-                                              is_causal=True, scale=scaling)
+    # one split per tensor, not a slice per row: a slice's backward writes its gradient into a zeroed tensor
+    # the size of the whole pack (a pack of 40 rows zeroed 40 packs per tensor and layer); a split's is one cat
+    sizes = [n for g in groups for n in ((g.prefix,) if g.prefix else ()) + tuple(g.suffixes)]
+    qs, ks, vs = query.split(sizes, 2), key.split(sizes, 2), value.split(sizes, 2)
+    def causal(i: int) -> torch.Tensor:
+        return F.scaled_dot_product_attention(qs[i], ks[i], vs[i], dropout_p=p, is_causal=True, scale=scaling)
 
     outs: list[torch.Tensor] = []
-    at = 0
+    i = 0
     for g in groups:
-        pre = slice(at, at + g.prefix)
-        if g.prefix:
+        pre = i if g.prefix else None
+        if pre is not None:
             outs.append(causal(pre))
-        at += g.prefix
+            i += 1
         for n in g.suffixes:
-            sl = slice(at, at + n)
-            if not g.prefix:
-                outs.append(causal(sl))
+            if pre is None:
+                outs.append(causal(i))
             else:  # the whole shared prefix, then causal within the row
                 sees = torch.ones(n, g.prefix + n, dtype=torch.bool, device=query.device).tril_(g.prefix)
                 outs.append(F.scaled_dot_product_attention(
-                    query[:, :, sl], torch.cat([key[:, :, pre], key[:, :, sl]], 2),
-                    torch.cat([value[:, :, pre], value[:, :, sl]], 2), attn_mask=sees, dropout_p=p, scale=scaling))
-            at += n
+                    qs[i], torch.cat([ks[pre], ks[i]], 2), torch.cat([vs[pre], vs[i]], 2), attn_mask=sees,
+                    dropout_p=p, scale=scaling))
+            i += 1
     return torch.cat(outs, 2).transpose(1, 2).contiguous(), None
 
 
