@@ -13,10 +13,12 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from rllm_backends.local_torch.serving import load_model
+from rllm_backends.local_torch.serving import engine as engine_module
+from rllm_backends.local_torch.serving import load_model, step
 from rllm_backends.local_torch.serving.engine import DecodeEngine
 from rllm_backends.local_torch.serving.kv_pool import BlockTable, KVPool, PoolExhausted, pool_shape
 from rllm_backends.local_torch.serving.models import LoadedModel
+from rllm_backends.local_torch.serving.packed_linear import PackedLayers
 from rllm_backends.local_torch.serving.paged_attention import attend
 from rllm_backends.local_torch.serving.sampling import SamplingParams
 from rllm_backends.local_torch.serving.sequence import GenerationRequest, TokenEvent
@@ -46,6 +48,17 @@ def test_pool_shares_prefix_blocks_and_evicts_the_least_recently_used() -> None:
     assert pool.evictions == 2 and pool.cached_blocks == 0
     with pytest.raises(PoolExhausted):
         pool.ensure(c, 20)
+
+
+def test_the_pool_commits_memory_only_for_the_blocks_written() -> None:
+    psutil = pytest.importorskip("psutil")
+    proc = psutil.Process()
+    before = proc.memory_info().rss
+    pool = KVPool(layers=4, kv_heads=4, head_dim=64, num_blocks=2048, dtype=torch.float32,
+                  device=torch.device("cpu"))  # 512 MB of keys and values
+    assert proc.memory_info().rss - before < 64 * 2**20
+    pool.keys[0][1] = 1.0
+    assert float(pool.keys[0][0].abs().sum()) == 0.0 and float(pool.values[3][2047].abs().sum()) == 0.0
 
 
 def test_blocked_attention_is_the_same_bits_in_a_decode_batch_alone_and_in_a_prefill() -> None:
@@ -83,8 +96,18 @@ def loaded() -> LoadedModel:
     return load_model("tiny-random")
 
 
+@pytest.fixture(params=["compiled", "torch"])
+def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each engine test runs on the compiled kernels (numba attention, packed linear layers, where this machine
+    has them) and on the pure-torch path that serves without them."""
+    if request.param == "torch":
+        monkeypatch.setattr(step, "kernel_available", lambda *a: False)
+        monkeypatch.setattr(engine_module, "pack_linear_layers", lambda *a, **k: PackedLayers())
+    return str(request.param)
+
+
 @pytest.fixture
-def engine(loaded: LoadedModel) -> Iterator[DecodeEngine]:
+def engine(loaded: LoadedModel, path: str) -> Iterator[DecodeEngine]:
     eng = DecodeEngine(loaded, threads=1).start()
     yield eng
     eng.stop()
@@ -165,7 +188,8 @@ def test_a_seeded_request_is_the_same_bits_alone_batched_and_from_the_prefix_cac
         assert alone.tokens(c) == again.tokens(c) and alone.logprobs(c) == again.logprobs(c)
 
 
-def test_eviction_and_preemption_under_memory_pressure_keep_every_request_exact(loaded: LoadedModel) -> None:
+def test_eviction_and_preemption_under_memory_pressure_keep_every_request_exact(loaded: LoadedModel,
+                                                                               path: str) -> None:
     """A pool of 12 blocks of 32 tokens for 8 requests of up to ~150 tokens: cached prefixes are evicted and
     choices preempted (their KV dropped, prefilled again later); every output still matches a fresh forward and
     a seeded request gives the same bits as with plenty of memory."""
@@ -206,7 +230,7 @@ def wait_tokens(job: Collect, n: int) -> None:
 
 
 @pytest.mark.parametrize("mode", ["finish", "resume"])
-def test_a_swap_mid_generation_tags_every_token_with_its_version(mode: str) -> None:
+def test_a_swap_mid_generation_tags_every_token_with_its_version(mode: str, path: str) -> None:
     loaded = load_model("tiny-random")
     old = load_model("tiny-random").model
     eng = DecodeEngine(loaded, threads=1, swap_mode=mode).start()  # type: ignore[arg-type]

@@ -57,6 +57,39 @@ def test_update_weights_bumps_version_and_changes_outputs(server: RunningPolicyS
     assert health["policy_version"] == 1
 
 
+def served_logprobs_match(reply: dict, weights: dict[str, torch.Tensor]) -> None:
+    """The reply's logprobs are those of a fresh tiny-random model loaded with `weights` (within 1e-4)."""
+    fresh = load_model("tiny-random").model
+    fresh.load_state_dict(weights)
+    prompt, ids = reply["prompt_token_ids"], reply["choices"][0]["token_ids"]
+    with torch.no_grad():
+        logits = fresh(torch.tensor([prompt + ids])).logits[0].float()
+    ref = torch.log_softmax(logits[len(prompt) - 1:-1], -1)[torch.arange(len(ids)), ids]
+    got = torch.tensor([c["logprob"] for c in reply["choices"][0]["logprobs"]["content"]])
+    assert float((got - ref).abs().max()) <= 1e-4
+
+
+def test_a_server_that_owns_its_model_keeps_one_copy_of_the_weights_and_swaps_them() -> None:
+    from rllm_backends.local_torch.serving.packed_linear import packing_available
+
+    torch.set_num_threads(1)
+    base = load_model("tiny-random").model.state_dict()
+    with start_policy_server("tiny-random") as s:  # loaded by the server: it owns the model
+        served_logprobs_match(greedy(s), base)
+        q_proj = s.engine.model.model.layers[0].self_attn.q_proj
+        assert q_proj.weight.is_meta == packing_available()  # only the packed copy is kept
+        gen = torch.Generator().manual_seed(3)
+        new = {k: v + 0.3 * torch.randn(v.shape, generator=gen) for k, v in base.items()}
+        assert s.update_weights(new) == 1
+        served_logprobs_match(greedy(s), new)
+        key = "model.layers.0.self_attn.q_proj.weight"
+        assert s.update_weights({key: base[key]}) == 2  # a subset, into a released layer
+        served_logprobs_match(greedy(s), {**new, key: base[key]})
+    with start_policy_server(load_model("tiny-random")) as s:  # the caller's model: left as it was
+        greedy(s)
+        assert not s.engine.model.model.layers[0].self_attn.q_proj.weight.is_meta
+
+
 def test_in_flight_request_finishes_on_the_old_weights_without_holding_up_the_swap(
         server: RunningPolicyServer) -> None:
     """No drain: the update returns while a long stream runs; the stream keeps version 0 to its end, a request

@@ -71,7 +71,8 @@ class LocalTorchBackend(BackendBase):
             self.trainer = TorchTrainer(loaded.model, config, pad_token_id=int(pad))
         self.server = start_policy_server(serve_copy, max_batch_size=self._max_batch_size,
                                           threads=self._server_threads,
-                                          default_adapter=SHARED_ADAPTER if config.roles else None)
+                                          default_adapter=SHARED_ADAPTER if config.roles else None,
+                                          own_model=True)  # its own deep copy
         self.policy_version = int(self.server.policy_version)
 
     def _require(self) -> None:

@@ -131,7 +131,7 @@ class VerlBackend(BackendBase):
             log.warning("verl on CPU trains with verl's actor only: backend_options %s do not apply here",
                         ", ".join(ignored))
         self._actor = remote_actor_worker(path, overrides, num_cpus=1)
-        self._server = start_policy_server(load_model(path), max_batch_size=64)
+        self._server = start_policy_server(load_model(path), max_batch_size=64, own_model=True)
         self.policy_version = int(self._server.policy_version)
 
     def _setup_gpu(self, path: str) -> None:

@@ -32,9 +32,11 @@ from typing import Any, Literal
 
 import torch
 
+from rllm_backends.local_torch.serving.attention_kernel import kernel_available, set_kernel_threads
 from rllm_backends.local_torch.serving.invariant import batch_invariant, make_batch_invariant
 from rllm_backends.local_torch.serving.kv_pool import BLOCK_SIZE, KVPool, PoolExhausted, pool_shape
 from rllm_backends.local_torch.serving.models import BASE_ADAPTER, LoadedModel, lora_adapters
+from rllm_backends.local_torch.serving.packed_linear import PackedLayers, pack_linear_layers
 from rllm_backends.local_torch.serving.paged_attention import PAGED_ATTENTION
 from rllm_backends.local_torch.serving.sampling import sample_tokens, scaled_logprobs, top_logprobs_batch
 from rllm_backends.local_torch.serving.sequence import GenerationRequest, Sequence
@@ -66,7 +68,7 @@ class DecodeEngine:
 
     def __init__(self, loaded: LoadedModel, max_batch_size: int = 32, threads: int | None = None,
                  swap_mode: SwapMode = "finish", kv_cache_gb: float | None = None,
-                 max_step_tokens: int = 512) -> None:
+                 max_step_tokens: int = 512, own_model: bool = False) -> None:
         if max_batch_size < 1:
             raise ConfigError(f"max_batch_size must be >= 1, got {max_batch_size}")
         if swap_mode not in ("finish", "resume"):
@@ -99,6 +101,10 @@ class DecodeEngine:
             raise ConfigError(f"the policy server cannot serve {loaded.name!r}: its transformers class does not "
                               f"take a custom attention implementation ({exc})") from None
         self.batch_invariant = self.device.type == "cpu" and make_batch_invariant(self.model)
+        self.own_model = own_model
+        """The engine may release the dense weights it packed (nobody else uses this model object)."""
+        self._packed = PackedLayers()
+        """Linear layers on packed weights (packed on the engine thread, at its start)."""
         layers, kv_heads, head_dim = pool_shape(self.model.config)
         dtype = next(self.model.parameters()).dtype
         per_block = KVPool.bytes_per_block(layers, kv_heads, head_dim, dtype)
@@ -176,6 +182,13 @@ class DecodeEngine:
     def _run(self) -> None:
         if self.threads:
             torch.set_num_threads(self.threads)
+            set_kernel_threads(self.threads)
+        kernel_available(self.pool.keys[0].dtype, self.device)  # compiles it now, not in the first request
+        if self.batch_invariant:  # measured with this thread's thread count, as every step runs
+            try:
+                self._packed = pack_linear_layers(self.model, max(self.max_batch_size, 64), self.own_model)
+            except Exception:  # the plain padded path still serves
+                log.exception("packing the linear layers failed; serving with F.linear")
         while True:
             with self._cond:
                 while not (self._stopping or self._waiting or self._work or self._updates):
@@ -276,7 +289,7 @@ class DecodeEngine:
             for w in current:
                 w.drop_kv(self.pool)
         for k, v in state_dict.items():
-            own[k].copy_(v.detach().to(own[k].device, own[k].dtype))
+            self._packed.update(k, own[k], v)  # packed anew: an old model copy keeps the old ones
         self.pool.clear_cache()
 
     def _drop_cancelled(self) -> None:

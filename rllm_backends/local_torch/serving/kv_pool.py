@@ -18,6 +18,7 @@ from __future__ import annotations
 from collections import OrderedDict
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 __all__ = ["BLOCK_SIZE", "BlockTable", "KVPool", "PoolExhausted", "pool_shape"]
@@ -28,6 +29,15 @@ BLOCK_SIZE = 32
 
 class PoolExhausted(RuntimeError):
     """No free or evictable block is left: the caller waits for rows to finish (or preempts one)."""
+
+
+def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A zeroed tensor whose pages are committed only when written, on the CPU: numpy's zeros is calloc, which
+    maps zero pages lazily, where torch.zeros writes every byte. A 1 GB pool then costs the memory of the
+    blocks in use, not 1 GB from the start."""
+    if device.type == "cpu" and dtype in (torch.float32, torch.float16, torch.float64):
+        return torch.from_numpy(np.zeros(shape, dtype=torch.empty((), dtype=dtype).numpy().dtype))
+    return torch.zeros(shape, dtype=dtype, device=device)
 
 
 def pool_shape(model_config: object) -> tuple[int, int, int]:
@@ -63,8 +73,8 @@ class KVPool:
         self.block_size, self.num_blocks = block_size, num_blocks
         shape = (num_blocks, kv_heads, block_size, head_dim)
         # block 0 stays zero: padding entries of a block table point at it
-        self.keys = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
-        self.values = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(layers)]
+        self.keys = [_zeros(shape, dtype, device) for _ in range(layers)]
+        self.values = [_zeros(shape, dtype, device) for _ in range(layers)]
         self._free: list[int] = list(range(num_blocks - 1, 0, -1))
         self._refs = [0] * num_blocks
         self._cached: dict[int, int] = {}

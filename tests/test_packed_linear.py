@@ -1,0 +1,121 @@
+"""Linear layers on oneDNN pre-packed weights: measured invariance, the same numbers as F.linear, chunked passes,
+released dense weights, weight swaps (tied and untied), and what a copy of the model shares."""
+
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from rllm_backends.local_torch.serving.packed_linear import (
+    PackedLayers,
+    PackedWeight,
+    invariant_from,
+    pack_linear_layers,
+    packing_available,
+)
+
+pytestmark = pytest.mark.skipif(not packing_available(), reason="this torch build has no oneDNN (mkldnn)")
+
+
+class Tiny(torch.nn.Module):
+    """Two linear layers and a head tied to the input embedding, like a small decoder."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        gen = torch.Generator().manual_seed(0)
+        self.embed = torch.nn.Embedding(300, 48)
+        self.up = torch.nn.Linear(48, 96, bias=False)
+        self.down = torch.nn.Linear(96, 48, bias=True)
+        self.head = torch.nn.Linear(48, 300, bias=False)
+        with torch.no_grad():
+            for p in self.parameters():
+                p.copy_(torch.randn(p.shape, generator=gen) * 0.1)
+        self.head.weight = self.embed.weight
+
+    def get_output_embeddings(self) -> torch.nn.Module:
+        return self.head
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        return self.head(self.down(F.silu(self.up(self.embed(ids)))))
+
+
+def test_invariance_is_measured_per_shape_and_is_small_here() -> None:
+    first = invariant_from(1536, 576, torch.float32, max_rows=64)
+    assert first is not None and 1 <= first <= 4  # at most a lone row is padded on this kind of CPU
+
+
+def test_a_packed_layer_gives_f_linear_numbers_and_the_same_bits_at_any_row_count() -> None:
+    model = Tiny()
+    reference = copy.deepcopy(model)
+    packed = pack_linear_layers(model, head_rows=64)
+    assert set(packed.by_name) == {"up.weight", "down.weight", "head.weight"}
+    x = torch.randn(70, 48, generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        full = model.down(model.up(x))
+        assert torch.allclose(full, reference.down(reference.up(x)), atol=1e-5)
+        for rows in (1, 2, 3, 5, 17, 64):
+            for start in (0, 3):
+                part = model.down(model.up(x[start: start + rows]))
+                assert torch.equal(part, full[start: start + rows]), (rows, start)
+
+
+def test_passes_longer_than_measured_are_chunked_with_the_same_bits() -> None:
+    model = Tiny()
+    pack_linear_layers(model, head_rows=8)  # the head was measured up to 8 rows: 21 rows go 8 + 8 + 5
+    x = torch.randn(21, 48, generator=torch.Generator().manual_seed(2))
+    with torch.inference_mode():
+        whole = model.head(x)
+        assert torch.equal(whole[16:], model.head(x[16:]))
+        assert torch.allclose(whole, F.linear(x, model.embed.weight), atol=1e-5)
+
+
+def test_released_dense_weights_serve_the_same_and_can_be_read_back() -> None:
+    model = Tiny()
+    up_before = model.up.weight.detach().clone()
+    ids = torch.tensor([[1, 5, 9, 200]])
+    with torch.inference_mode():
+        expected = model(ids)
+    packed = pack_linear_layers(model, head_rows=64, release_dense=True)
+    assert model.up.weight.is_meta and model.down.weight.is_meta
+    assert not model.head.weight.is_meta and model.head.weight is model.embed.weight  # tied: kept
+    assert torch.equal(model.up._rllm_packed.dense(), up_before)
+    with torch.inference_mode():
+        assert torch.allclose(model(ids), expected, atol=1e-5)
+    x = torch.randn(3, 48, requires_grad=True)  # autograd through a released layer: rebuilt dense weight
+    model.up(x).sum().backward()
+    assert x.grad is not None and torch.allclose(x.grad, up_before.sum(0).expand(3, -1), atol=1e-5)
+    assert isinstance(packed, PackedLayers) and len(packed) == 3
+
+
+@pytest.mark.parametrize("release", [False, True])
+def test_a_swap_repacks_what_it_wrote_tied_head_included(release: bool) -> None:
+    model = Tiny()
+    packed = pack_linear_layers(model, head_rows=64, release_dense=release)
+    new = {k: v + 0.05 for k, v in Tiny().state_dict().items()}
+    own = model.state_dict()
+    with torch.no_grad():
+        for k, v in new.items():
+            packed.update(k, own[k], v)
+    fresh = Tiny()
+    fresh.load_state_dict(new)
+    ids = torch.tensor([[3, 4, 5]])
+    with torch.inference_mode():
+        assert torch.allclose(model(ids), fresh(ids), atol=1e-5)  # the head (written as embed.weight) too
+
+
+def test_a_deep_copy_shares_packed_weights_and_keeps_them_across_a_swap() -> None:
+    model = Tiny()
+    packed = pack_linear_layers(model, head_rows=64, release_dense=True)
+    old = copy.deepcopy(model)  # what swap_mode="finish" keeps for requests in flight
+    assert old.up._rllm_packed is model.up._rllm_packed
+    ids = torch.tensor([[7, 8]])
+    with torch.inference_mode():
+        before = old(ids)
+        own = model.state_dict()
+        packed.update("up.weight", own["up.weight"], torch.zeros(96, 48))
+        assert torch.equal(old(ids), before)  # the copy still computes with the old weights
+        assert not torch.allclose(model(ids), before)
+    assert isinstance(old.up._rllm_packed, PackedWeight)
