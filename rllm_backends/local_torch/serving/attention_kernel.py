@@ -40,16 +40,24 @@ _ready = threading.Event()
 _failed = False
 
 
-def _paged_attend_impl(q: Any, kc: Any, vc: Any, knew: Any, vnew: Any, slots: Any, tables: Any, seq_of: Any,
-                       pos: Any, scale: Any, out: Any) -> None:  # pragma: no cover - compiled by numba
+def _rotated(x: Any, t: int, h: int, e: int, cos: Any, sin: Any) -> Any:  # pragma: no cover - numba
+    """Element e of head h of token t after the rotary embedding (transformers' rotate_half convention)."""
+    half = x.shape[2] // 2
+    other = -x[t, h, e + half] if e < half else x[t, h, e - half]
+    return x[t, h, e] * cos[t, e] + other * sin[t, e]
+
+
+def _paged_attend_impl(q: Any, kc: Any, vc: Any, knew: Any, vnew: Any, cos: Any, sin: Any, slots: Any,
+                       tables: Any, seq_of: Any, pos: Any, scale: Any, out: Any) -> None:  # pragma: no cover
     n_tokens, n_heads, dim = q.shape
     kv_heads, bs = kc.shape[1], kc.shape[2]
     g = n_heads // kv_heads
+    rope = cos.shape[0] > 0  # q and k arrive before their rotary embedding (the fast forward's fused q/k/v)
     for t in range(n_tokens):  # every new key and value first: a prefill's tokens attend to each other
         b, o = slots[t] // bs, slots[t] % bs
         for kh in range(kv_heads):
             for e in range(dim):
-                kc[b, kh, o, e] = knew[t, kh, e]
+                kc[b, kh, o, e] = _rotated(knew, t, kh, e, cos, sin) if rope else knew[t, kh, e]
                 vc[b, kh, o, e] = vnew[t, kh, e]
     for idx in prange(n_tokens * kv_heads):
         t = idx // kv_heads
@@ -63,7 +71,7 @@ def _paged_attend_impl(q: Any, kc: Any, vc: Any, knew: Any, vnew: Any, slots: An
         qs = np.empty((g, dim), dtype=np.float32)
         for i in range(g):
             for e in range(dim):
-                qs[i, e] = q[t, kh * g + i, e] * scale
+                qs[i, e] = (_rotated(q, t, kh * g + i, e, cos, sin) if rope else q[t, kh * g + i, e]) * scale
         for block_i in range((n_keys + bs - 1) // bs):
             blk = table[block_i]
             n = min(bs, n_keys - block_i * bs)
@@ -94,6 +102,7 @@ def _paged_attend_impl(q: Any, kc: Any, vc: Any, knew: Any, vnew: Any, slots: An
 
 _compiled: Any = None
 if njit is not None:
+    _rotated = njit(inline="always", fastmath=_FASTMATH)(_rotated)
     _compiled = njit(parallel=True, nogil=True, cache=True, fastmath=_FASTMATH)(_paged_attend_impl)
 
 
@@ -121,13 +130,21 @@ def kernel_plan(slots: list[int], pos: list[int], seq_of: list[int], tables: lis
 
 
 def _warm_up() -> None:
-    """Compile (or load from numba's cache) with the shapes' types the engine uses."""
-    q = np.zeros((1, 2, 4), dtype=np.float32)
-    kc = np.zeros((2, 1, 4, 4), dtype=np.float32)
-    one = np.zeros((1, 1, 4), dtype=np.float32)
+    """Compile (or load from numba's cache) both forms the engine calls: contiguous q/k/v already rotated (the
+    transformers path) and strided views into one fused projection with cos/sin (the fast forward)."""
     idx = np.zeros(1, dtype=np.int64)
-    _compiled(q, kc, kc.copy(), one, one, idx + 4, np.ones((1, 1), dtype=np.int64), idx, idx, np.float32(1.0),
+    table = np.ones((1, 1), dtype=np.int64)
+    kc = np.zeros((2, 1, 4, 4), dtype=np.float32)
+    q, one = np.zeros((1, 2, 4), dtype=np.float32), np.zeros((1, 1, 4), dtype=np.float32)
+    no_rope = np.zeros((0, 4), dtype=np.float32)
+    _compiled(q, kc, kc.copy(), one, one, no_rope, no_rope, idx + 4, table, idx, idx, np.float32(1.0),
               np.empty_like(q))
+    fused = np.zeros((2, 16), dtype=np.float32)  # two tokens: row-strided views, not contiguous ones
+    views = fused[:, :8].reshape(2, 2, 4), fused[:, 8:12].reshape(2, 1, 4), fused[:, 12:].reshape(2, 1, 4)
+    rope = np.ones((2, 4), dtype=np.float32)
+    slots, zeros, pos = (np.array(v, dtype=np.int64) for v in ((4, 5), (0, 0), (0, 1)))
+    _compiled(views[0], kc, kc.copy(), views[1], views[2], rope, rope * 0, slots, table, zeros, pos,
+              np.float32(1.0), np.empty((2, 2, 4), dtype=np.float32))
 
 
 def kernel_available(pool_dtype: torch.dtype, device: torch.device) -> bool:
@@ -155,13 +172,17 @@ def set_kernel_threads(threads: int) -> None:
         numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
 
 
+_NO_ROPE = np.zeros((0, 1), dtype=np.float32)
+
+
 def paged_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pool_keys: torch.Tensor,
-                 pool_values: torch.Tensor, plan: KernelPlan, scale: float) -> torch.Tensor:
-    """query (T, H, D), key/value (T, kv_heads, D) of the step's tokens -> (T, H, D); writes key/value into the
-    pool slots first."""
-    q = query.contiguous()
-    out = torch.empty_like(q)
-    _compiled(q.numpy(), pool_keys.numpy(), pool_values.numpy(), key.contiguous().numpy(),
-              value.contiguous().numpy(), plan.slots, plan.tables, plan.seq_of, plan.pos, np.float32(scale),
-              out.numpy())
+                 pool_values: torch.Tensor, plan: KernelPlan, scale: float,
+                 rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+    """query (T, H, D), key/value (T, kv_heads, D) of the step's tokens (any strides: views into one fused
+    projection do) -> (T, H, D). Writes key/value into the pool slots first. `rope`: (cos, sin), each (T, D),
+    applied here to query and key (None: they are rotated already)."""
+    out = query.new_empty(query.shape)
+    cos, sin = (rope[0].numpy(), rope[1].numpy()) if rope is not None else (_NO_ROPE, _NO_ROPE)
+    _compiled(query.numpy(), pool_keys.numpy(), pool_values.numpy(), key.numpy(), value.numpy(), cos, sin,
+              plan.slots, plan.tables, plan.seq_of, plan.pos, np.float32(scale), out.numpy())
     return out

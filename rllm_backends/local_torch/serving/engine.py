@@ -33,6 +33,7 @@ from typing import Any, Literal
 import torch
 
 from rllm_backends.local_torch.serving.attention_kernel import kernel_available, set_kernel_threads
+from rllm_backends.local_torch.serving.fast_forward import fusions
 from rllm_backends.local_torch.serving.invariant import batch_invariant, make_batch_invariant
 from rllm_backends.local_torch.serving.kv_pool import BLOCK_SIZE, KVPool, PoolExhausted, pool_shape
 from rllm_backends.local_torch.serving.models import BASE_ADAPTER, LoadedModel, lora_adapters
@@ -183,10 +184,11 @@ class DecodeEngine:
         if self.threads:
             torch.set_num_threads(self.threads)
             set_kernel_threads(self.threads)
-        kernel_available(self.pool.keys[0].dtype, self.device)  # compiles it now, not in the first request
+        kernel = kernel_available(self.pool.keys[0].dtype, self.device)  # compiled now, not in the 1st request
         if self.batch_invariant:  # measured with this thread's thread count, as every step runs
             try:
-                self._packed = pack_linear_layers(self.model, max(self.max_batch_size, 64), self.own_model)
+                self._packed = pack_linear_layers(self.model, max(self.max_batch_size, 64), self.own_model,
+                                                  fusions(self.model) if kernel else None)
             except Exception:  # the plain padded path still serves
                 log.exception("packing the linear layers failed; serving with F.linear")
         while True:
@@ -290,6 +292,7 @@ class DecodeEngine:
                 w.drop_kv(self.pool)
         for k, v in state_dict.items():
             self._packed.update(k, own[k], v)  # packed anew: an old model copy keeps the old ones
+        self._packed.finish()
         self.pool.clear_cache()
 
     def _drop_cancelled(self) -> None:

@@ -31,8 +31,8 @@ import torch.nn.functional as F
 from rllm_backends.local_torch.serving.invariant import _padded_linear
 from rllm_backends.local_torch.serving.paged_attention import GEMM_ROW_BLOCK
 
-__all__ = ["MAX_CHECK_ROWS", "PackedLayers", "PackedWeight", "invariant_from", "pack_linear_layers",
-           "packing_available"]
+__all__ = ["MAX_CHECK_ROWS", "FusedPart", "Fusion", "PackedLayers", "PackedWeight", "invariant_from",
+           "pack_linear_layers", "packed_matmul", "packing_available"]
 
 log = logging.getLogger("rllm.serving.packed")
 
@@ -107,28 +107,49 @@ class PackedWeight:
         return self.tensor.to_dense()
 
 
-def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
-    """The packed product, in chunks of at most `max_rows` rows, each padded up to `min_rows`.
-
-    Autograd through the weight, another dtype or device take `F.linear` (padded as before) on the dense weight,
-    rebuilt from the packed one when the server released it.
-    """
-    packed: PackedWeight = self._rllm_packed
-    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
-    grads = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
-    if grads or rows == 0 or x.dtype != packed.tensor.dtype or x.device.type != "cpu":
-        if not self.weight.is_meta:
-            return _padded_linear(self, x)
-        return F.linear(x, packed.dense(), self.bias)
-    flat = x.reshape(rows, x.shape[-1]).contiguous()
+def packed_matmul(x: torch.Tensor, packed: PackedWeight, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """`x @ W.T (+ bias)` for a 2-D `x` on the packed weight: chunks of at most `max_rows` rows, each padded up
+    to `min_rows`, so every row's bits are the measured invariant ones."""
+    rows = x.shape[0]
+    if packed.min_rows <= rows <= packed.max_rows:  # the usual case: one call
+        return _packed_mm(x.contiguous(), packed.tensor, bias)
     parts = []
     for start in range(0, rows, packed.max_rows):
-        part = flat[start: start + packed.max_rows]
+        part = x[start: start + packed.max_rows]
         n = part.shape[0]
         if n < packed.min_rows:
             part = torch.cat([part, part.new_zeros(packed.min_rows - n, part.shape[1])])
-        parts.append(_packed_mm(part, packed.tensor, self.bias)[:n])
-    out = parts[0] if len(parts) == 1 else torch.cat(parts)
+        parts.append(_packed_mm(part.contiguous(), packed.tensor, bias)[:n])
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+@dataclass(frozen=True)
+class FusedPart:
+    """Rows [start, stop) of a weight packed together with its siblings' (q|k|v, gate|up) under `owner.attr`."""
+
+    owner: torch.nn.Module
+    attr: str
+    start: int
+    stop: int
+
+    def packed(self) -> PackedWeight:
+        return getattr(self.owner, self.attr)
+
+
+def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    """The packed product (`packed_matmul`). Autograd through the weight, another dtype or device, and a layer
+    whose weight is packed inside a fused one (the fast forward computes it there) take `F.linear` on the dense
+    weight, rebuilt from the packed one when the server released it."""
+    packed: PackedWeight | None = getattr(self, "_rllm_packed", None)
+    rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    grads = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
+    if packed is None or grads or rows == 0 or x.dtype != packed.tensor.dtype or x.device.type != "cpu":
+        if not self.weight.is_meta:
+            return _padded_linear(self, x)
+        part: FusedPart | None = getattr(self, "_rllm_part", None)
+        weight = packed.dense() if packed is not None else part.packed().dense()[part.start: part.stop]
+        return F.linear(x, weight, self.bias)
+    out = packed_matmul(x.reshape(rows, x.shape[-1]), packed, self.bias)
     return out.reshape(*x.shape[:-1], self.out_features)
 
 
@@ -145,29 +166,55 @@ def _lora_parts(model: torch.nn.Module) -> set[int]:
 
 @dataclass
 class PackedLayers:
-    """The layers `pack_linear_layers` packed, found again by a weight swap's keys."""
+    """The layers `pack_linear_layers` packed (alone, or fused with their siblings), found again by a weight
+    swap's keys: `update` each key, then `finish` repacks the fused weights that changed."""
 
     by_name: dict[str, torch.nn.Linear] = field(default_factory=dict)
-    """'<module path>.weight' (the model's state_dict key) -> layer."""
+    """'<module path>.weight' (the model's state_dict key) -> layer, for every packed layer (fused ones too)."""
     by_data: dict[int, list[torch.nn.Linear]] = field(default_factory=dict)
-    """Data pointer of a kept dense weight -> the layers packing it (a tied output embedding is written under
-    the input embedding's key)."""
+    """Data pointer of a kept dense weight -> the layers packing it alone (a tied output embedding is written
+    under the input embedding's key)."""
+    _pending: dict[tuple[int, str], dict[int, torch.Tensor]] = field(default_factory=dict)
+    """Fused weights with new rows not packed yet: (id(owner), attr) -> {start row: new part}."""
+    _owners: dict[tuple[int, str], tuple[torch.nn.Module, list[torch.nn.Linear]]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.by_name)
 
     def update(self, key: str, own: torch.Tensor, new: torch.Tensor) -> None:
-        """Serve `new` as the parameter `key` (whose current tensor is `own`): copied into a kept dense weight
-        and every layer packing it repacked, or packed straight from `new` where the dense one was released."""
+        """Serve `new` as the parameter `key` (whose current tensor is `own`): copied into a kept dense weight,
+        and every layer packing it alone repacked, or packed straight from `new` where the dense one was
+        released; a fused layer's rows wait for `finish`."""
         layer = self.by_name.get(key)
+        part: FusedPart | None = getattr(layer, "_rllm_part", None)
+        if part is not None:
+            self._pending.setdefault((id(part.owner), part.attr), {})[part.start] = new.detach()
         if layer is not None and layer.weight.is_meta:
-            old: PackedWeight = layer._rllm_packed
-            layer._rllm_packed = PackedWeight(new.detach().to(old.tensor.dtype), old.min_rows, old.max_rows)
+            if part is None:
+                old: PackedWeight = layer._rllm_packed
+                layer._rllm_packed = PackedWeight(new.detach().to(old.tensor.dtype), old.min_rows, old.max_rows)
             return
         own.copy_(new.detach().to(own.device, own.dtype))
-        for layer in self.by_data.get(own.data_ptr(), ()):
-            old = layer._rllm_packed
-            layer._rllm_packed = PackedWeight(layer.weight, old.min_rows, old.max_rows)
+        for alone in self.by_data.get(own.data_ptr(), ()):
+            old = alone._rllm_packed
+            alone._rllm_packed = PackedWeight(alone.weight, old.min_rows, old.max_rows)
+
+    def finish(self) -> None:
+        """Repack every fused weight some of whose rows `update` changed (once, however many keys it took)."""
+        for key, new_parts in self._pending.items():
+            owner, members = self._owners[key]
+            old: PackedWeight = getattr(owner, key[1])
+            rows = []
+            for m in members:
+                p: FusedPart = m._rllm_part
+                rows.append(new_parts.get(p.start, m.weight if not m.weight.is_meta else None))
+            if any(r is None for r in rows):  # a released part left as it was: read back from the fused weight
+                dense = old.dense()
+                rows = [r if r is not None else dense[m._rllm_part.start: m._rllm_part.stop]
+                        for r, m in zip(rows, members, strict=True)]
+            fused = torch.cat([r.to(old.tensor.dtype) for r in rows])
+            setattr(owner, key[1], PackedWeight(fused, old.min_rows, old.max_rows))
+        self._pending.clear()
 
 
 def _release_dense(model: torch.nn.Module, layers: list[torch.nn.Linear]) -> None:
@@ -190,10 +237,36 @@ def _release_dense(model: torch.nn.Module, layers: list[torch.nn.Linear]) -> Non
                 module._buffers[name] = buf.clone()
 
 
-def pack_linear_layers(model: torch.nn.Module, head_rows: int, release_dense: bool = False) -> PackedLayers:
+Fusion = tuple[torch.nn.Module, str, list[torch.nn.Linear]]
+"""(owner, attribute, layers): pack the layers' weights as one, stacked in order, as `owner.<attribute>`."""
+
+
+def _fuse(fusion: Fusion, out: PackedLayers) -> bool:
+    """Pack one fused weight when its shape measures invariant; its layers then read their rows from it."""
+    owner, attr, members = fusion
+    if any(type(m) is not torch.nn.Linear or m.bias is not None or m.weight.device.type != "cpu"
+           or m.weight.dtype != members[0].weight.dtype or m.in_features != members[0].in_features for m in members):
+        return False
+    weight = torch.cat([m.weight.detach() for m in members])
+    first = invariant_from(weight.shape[0], weight.shape[1], weight.dtype, MAX_CHECK_ROWS)
+    if first is None or first > GEMM_ROW_BLOCK:
+        return False
+    setattr(owner, attr, PackedWeight(weight, first, MAX_CHECK_ROWS))
+    out._owners[(id(owner), attr)] = (owner, members)
+    start = 0
+    for m in members:
+        m._rllm_part = FusedPart(owner, attr, start, start + m.out_features)
+        m.forward = types.MethodType(_packed_forward, m)  # type: ignore[method-assign]
+        start += m.out_features
+    return True
+
+
+def pack_linear_layers(model: torch.nn.Module, head_rows: int, release_dense: bool = False,
+                       fusions: list[Fusion] | None = None) -> PackedLayers:
     """Give every plain nn.Linear of `model` (LoRA parts excepted) a packed weight when its shape measures
     batch-invariant from at most GEMM_ROW_BLOCK rows, and the forward that uses it. The output embedding is
     checked up to `head_rows` rows (it sees one row per sampled sequence; more are computed in chunks).
+    `fusions` (the fast forward's q|k|v and gate|up) are packed as one weight each, their layers not alone.
 
     `release_dense`: the caller owns the model and only serves it, so the packed layers' dense weights are
     dropped (their memory back: 430 MB for SmolLM2-135M); they stay readable through `PackedWeight.dense()`.
@@ -205,7 +278,13 @@ def pack_linear_layers(model: torch.nn.Module, head_rows: int, release_dense: bo
     skip = _lora_parts(model)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     with _lock, torch.no_grad():
-        for name, module in model.named_modules():
+        for fusion in fusions or []:
+            if _fuse(fusion, out):
+                skip.update(id(m) for m in fusion[2])
+        names = {id(m): f"{n}.weight" if n else "weight" for n, m in model.named_modules()}
+        for _, members in out._owners.values():
+            out.by_name.update((names[id(m)], m) for m in members)
+        for module in model.modules():
             if type(module) is not torch.nn.Linear or id(module) in skip or module.weight.device.type != "cpu":
                 continue
             max_rows = max(1, head_rows) if module is head else MAX_CHECK_ROWS
@@ -214,10 +293,10 @@ def pack_linear_layers(model: torch.nn.Module, head_rows: int, release_dense: bo
                 continue
             module._rllm_packed = PackedWeight(module.weight, first, max_rows)
             module.forward = types.MethodType(_packed_forward, module)  # type: ignore[method-assign]
-            out.by_name[f"{name}.weight" if name else "weight"] = module
+            out.by_name[names[id(module)]] = module
         if release_dense and out.by_name:
             _release_dense(model, list(out.by_name.values()))
         for layer in out.by_name.values():
-            if not layer.weight.is_meta:
+            if not layer.weight.is_meta and getattr(layer, "_rllm_part", None) is None:
                 out.by_data.setdefault(layer.weight.data_ptr(), []).append(layer)
     return out

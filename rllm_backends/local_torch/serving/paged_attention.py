@@ -160,7 +160,8 @@ def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Ten
     T, H, _, D = query.shape
     scale = scaling if scaling is not None else 1.0 / math.sqrt(D)
     if plan.kernel is not None:
-        out = paged_attend(query[:, :, 0], key[:, :, 0], value[:, :, 0], kp, vp, plan.kernel, scale)
+        out = paged_attend(query[:, :, 0].contiguous(), key[:, :, 0].contiguous(), value[:, :, 0].contiguous(), kp,
+                           vp, plan.kernel, scale)
         return out.view(T, 1, H, D), None
     kvh = key.shape[1]
     g = H // kvh

@@ -1,5 +1,8 @@
 """One packed forward pass of the engine: the step's new tokens as batch rows, logits only where sampled.
 
+A Llama served with the compiled kernels runs `fast_forward` (its own lean forward); any other model runs
+transformers' forward under the `rllm_paged` attention.
+
 Every fed token is its own row of input shape (tokens, 1), with its position id, its adapter name (peft) and
 its KV slot; `paged_attention` gets the rest from the StepPlan. The language-model head runs only on the rows
 whose logits are sampled (the last token of each finished feed), not on every prompt token: for a 49k vocabulary
@@ -13,6 +16,7 @@ from typing import Any
 import torch
 
 from rllm_backends.local_torch.serving.attention_kernel import kernel_available, kernel_plan
+from rllm_backends.local_torch.serving.fast_forward import fast_forward
 from rllm_backends.local_torch.serving.kv_pool import KVPool
 from rllm_backends.local_torch.serving.paged_attention import (
     Segment,
@@ -90,16 +94,21 @@ def run_forward(model: Any, pool: KVPool, items: list[tuple[Work, int]], adapter
         logit_rows=torch.tensor(logit_rows, dtype=torch.long, device=device),
         kernel=kernel_plan(slots, pos, seq_of, seq_tables) if use_kernel else None,
     )
-    kwargs: dict[str, Any] = {}
-    if adapters:
-        kwargs["adapter_names"] = names
-    with plan_scope(plan):
-        out = model(input_ids=torch.tensor(ids, dtype=torch.long, device=device)[:, None],
-                    position_ids=torch.tensor(pos, dtype=torch.long, device=device)[:, None],
-                    use_cache=False, **kwargs)
+    ids_T = torch.tensor(ids, dtype=torch.long, device=device)
+    pos_T = torch.tensor(pos, dtype=torch.long, device=device)
+    fast = fast_forward(model) if use_kernel else None
+    if fast is not None:
+        logits_KV = fast(ids_T, pos_T, plan)
+    else:
+        kwargs: dict[str, Any] = {}
+        if adapters:
+            kwargs["adapter_names"] = names
+        with plan_scope(plan):
+            out = model(input_ids=ids_T[:, None], position_ids=pos_T[:, None], use_cache=False, **kwargs)
+        logits_KV = out.logits
+        if logits_KV.shape[0] != len(logit_rows):  # a head the hook could not reach: every row came back
+            logits_KV = logits_KV[plan.logit_rows]
+        logits_KV = logits_KV[:, -1].float()
     for w, n in items:
         w.table.computed += n
-    logits = out.logits
-    if logits.shape[0] != len(logit_rows):  # a head the hook could not reach: every row came back
-        logits = logits[plan.logit_rows]
-    return logits[:, -1].float()
+    return logits_KV
