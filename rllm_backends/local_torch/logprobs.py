@@ -184,7 +184,11 @@ def chunked_token_logprobs(hidden_KH: torch.Tensor, lm_head: torch.nn.Module, ta
     temp = temperature if temperature >= GREEDY_BELOW else 1.0  # the server's greedy threshold (as vLLM's)
     logps: list[torch.Tensor] = []
     ents: list[torch.Tensor] = []
-    for a in range(0, hidden_KH.shape[0], chunk):
+    positions = hidden_KH.shape[0]
+    # chunks of equal size: 1100 positions as 3 × 367, not 512 + 512 + 76 (a 76-row product of the 49k-wide
+    # head ran at a tenth of the matmul rate here)
+    chunk = -(-positions // -(-positions // chunk)) if positions else chunk
+    for a in range(0, positions, chunk):
         args = (lm_head, hidden_KH[a : a + chunk], targets_K[a : a + chunk], temp, with_entropy)
         if checkpoint and torch.is_grad_enabled():
             lp, ent = torch.utils.checkpoint.checkpoint(_chunk_logprobs, *args, use_reentrant=False)
