@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib
-import time
 from pathlib import Path
 
 import typer
@@ -12,6 +11,7 @@ from rich.markup import escape
 
 from rllm_core.errors import RLLMError
 from rllm_core.hookspecs import hookimpl
+from rllm_core.stop_signal import wait_for_stop_signal
 
 __all__ = ["rllm_register_commands", "view_command"]
 
@@ -42,11 +42,8 @@ def view_command(
                       highlight=False)
         if open_browser:
             _open(server.page_url)
-        try:
-            while True:
-                time.sleep(3600)
-        except KeyboardInterrupt:
-            console.print("stopped", highlight=False)
+        wait_for_stop_signal()
+        console.print("stopped", highlight=False)
 
 
 def _open(url: str) -> None:

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -326,7 +327,7 @@ def test_rllm_view_command_serves_until_stopped(runs_root: Path) -> None:
     """The real command in its own process: prints the URL, answers, stops on SIGINT."""
     proc = subprocess.Popen([sys.executable, "-m", "rllm", "view", str(runs_root / "train"), "--port", "0",
                              "--no-open"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env={**os.environ, "COLUMNS": "300"})
+                            env={**os.environ, "COLUMNS": "300", "PYTHONFAULTHANDLER": "1"})
     try:
         assert proc.stdout is not None
         line = proc.stdout.readline()
@@ -338,9 +339,10 @@ def test_rllm_view_command_serves_until_stopped(runs_root: Path) -> None:
         proc.send_signal(2)
         try:
             proc.wait(60)  # a loaded full-suite CI run once took over 20 s to see it exit
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        except subprocess.TimeoutExpired:  # say where it hangs: faulthandler dumps every thread on SIGABRT
+            proc.send_signal(signal.SIGABRT)
+            rest = proc.communicate(timeout=30)[0]
+            pytest.fail(f"rllm view did not exit within 60 s of SIGINT; its output and threads:\n{rest[-8000:]}")
     assert proc.returncode == 0
 
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import threading
-
 import typer
 from pydantic import ValidationError
 from rich.console import Console
@@ -11,6 +9,7 @@ from rich.markup import escape
 
 from rllm_core.errors import ConfigError
 from rllm_core.hookspecs import hookimpl
+from rllm_core.stop_signal import wait_for_stop_signal
 
 __all__ = ["gateway_command", "upstream_warnings"]
 
@@ -90,9 +89,7 @@ def gateway_command(
     if token is not None:
         typer.echo(token, err=False)
     try:
-        threading.Event().wait()
-    except KeyboardInterrupt:
-        pass
+        wait_for_stop_signal()
     finally:
         handle.stop()
 

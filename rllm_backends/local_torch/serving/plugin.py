@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import signal
-import threading
 from enum import StrEnum
 from typing import TYPE_CHECKING
 
@@ -13,6 +11,7 @@ from rich.markup import escape
 
 from rllm_core.errors import ConfigError, RLLMError
 from rllm_core.hookspecs import hookimpl
+from rllm_core.stop_signal import wait_for_stop_signal
 
 if TYPE_CHECKING:
     from rllm_backends.local_torch.serving.server import RunningPolicyServer
@@ -70,25 +69,10 @@ def serve_command(
                   f"{gateway_hint(handle.base_url)}")
     typer.echo(handle.base_url)
     try:
-        _wait_for_signal()
+        wait_for_stop_signal()
         console.print("rllm serve: stopping (signal received)", highlight=False)  # so a log says why it ended
     finally:
         handle.stop()
-
-
-def _wait_for_signal() -> None:
-    """Block until Ctrl-C or SIGTERM (what process managers and Ray send), so both stop the server cleanly.
-
-    Handlers are installed explicitly because a shell's background job starts with SIGINT ignored.
-    """
-    stop = threading.Event()
-    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        while not stop.wait(0.5):
-            pass
-    finally:
-        for sig, handler in previous.items():
-            signal.signal(sig, handler)
 
 
 def _start(model: str, host: str, port: int, engine: Engine, threads: int | None, max_batch_size: int | None,
