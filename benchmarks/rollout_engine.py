@@ -22,7 +22,7 @@ the CUDA builds of torchvision/torchaudio/torchcodec it pulls are removed becaus
 It is started as `python -m vllm.entrypoints.openai.api_server` (`vllm serve` fails on its version lookup)
 with `VLLM_CPU_KVCACHE_SPACE=4`, the flags rllm uses for vLLM (`serving/vllm.py`), float32 like ours unless
 --dtype says otherwise, and its OpenMP threads on every core (its own default leaves one core to its front end).
-Its start-up is ~4 min on 2 cores, nearly all a warm-up over batch sizes; `--vllm-arg=--enforce-eager` skips
+Its start-up is 2-4 min on 2 cores, nearly all a warm-up over batch sizes; `--vllm-arg=--enforce-eager` skips
 that (~45 s). tiny-random cannot run on it (no CPU attention kernel for head_dim 16).
 """
 
