@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 
 from rllm_backends.local_torch.serving import engine as engine_module
 from rllm_backends.local_torch.serving import load_model, step
+from rllm_backends.local_torch.serving.attention_kernel import kernel_available
 from rllm_backends.local_torch.serving.engine import DecodeEngine
 from rllm_backends.local_torch.serving.kv_pool import BlockTable, KVPool, PoolExhausted, pool_shape
 from rllm_backends.local_torch.serving.models import LoadedModel
@@ -100,6 +101,8 @@ def loaded() -> LoadedModel:
 def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Each engine test runs on the compiled kernels (numba attention, packed linear layers, where this machine
     has them) and on the pure-torch path that serves without them."""
+    if request.param == "compiled" and not kernel_available(torch.float32, torch.device("cpu")):
+        pytest.skip("numba is not installed (rllm[serve]): only the torch path can run here")
     if request.param == "torch":
         monkeypatch.setattr(step, "kernel_available", lambda *a: False)
         monkeypatch.setattr(engine_module, "pack_linear_layers", lambda *a, **k: PackedLayers())
@@ -257,6 +260,37 @@ def test_a_swap_mid_generation_tags_every_token_with_its_version(mode: str, path
         ref_new = fresh_logprobs(loaded.model, prompt, toks)
         assert (ref_old[:cut] - lps[:cut]).abs().max() < 1e-4
         assert (ref_new[cut:] - lps[cut:]).abs().max() < 1e-4  # resumed: its history prefilled on the new weights
+
+
+@pytest.mark.parametrize("mode", ["finish", "resume"])
+def test_an_owned_model_swapped_mid_generation_keeps_both_weight_sets_apart(mode: str) -> None:
+    """own_model=True (what `rllm serve` and the trainers use): the dense weights are gone, q|k|v and gate|up are
+    fused, and a "finish" copy of the model must keep serving from the old packed weights."""
+    if not kernel_available(torch.float32, torch.device("cpu")):
+        pytest.skip("numba is not installed (rllm[serve]): nothing is fused without the compiled kernel")
+    old = load_model("tiny-random").model
+    new_weights = perturb(old)
+    new = load_model("tiny-random").model
+    new.load_state_dict(new_weights)
+    eng = DecodeEngine(load_model("tiny-random"), threads=1, swap_mode=mode, own_model=True).start()  # type: ignore[arg-type]
+    try:
+        prompt = list(range(300, 340))
+        running = submit(eng, prompt, max_tokens=200, temperature=1.0, ignore_eos=True)
+        wait_tokens(running, 5)
+        assert eng.model.model.layers[0].mlp.up_proj.weight.is_meta  # released, fused
+        assert eng.update_weights(new_weights, timeout=30) == 1
+        after = submit(eng, prompt, max_tokens=10, temperature=1.0, ignore_eos=True)
+        assert running.done.wait(120) and after.done.wait(60)
+    finally:
+        eng.stop()
+    assert set(after.versions(0)) == {1}
+    assert_exact(new, prompt, after)
+    versions, toks, lps = running.versions(0), running.tokens(0), torch.tensor(running.logprobs(0))
+    cut = versions.index(1) if 1 in versions else len(versions)
+    assert (mode == "finish") == (cut == len(versions)) and len(toks) == 200
+    assert (fresh_logprobs(old, prompt, toks)[:cut] - lps[:cut]).abs().max() < 1e-4
+    if cut < len(toks):
+        assert (fresh_logprobs(new, prompt, toks)[cut:] - lps[cut:]).abs().max() < 1e-4
 
 
 @settings(max_examples=8, deadline=None, phases=[Phase.explicit, Phase.generate], derandomize=True,

@@ -12,7 +12,7 @@ import torch
 from rllm_backends.local_torch.serving import load_model
 from rllm_backends.local_torch.serving.attention_kernel import kernel_available
 from rllm_backends.local_torch.serving.engine import DecodeEngine
-from rllm_backends.local_torch.serving.fast_forward import GATE_UP, QKV, fast_forward, fusions
+from rllm_backends.local_torch.serving.fast_forward import GATE_UP, QKV, FastForward, fast_forward, fusions
 from rllm_backends.local_torch.serving.packed_linear import pack_linear_layers, packing_available
 from rllm_backends.local_torch.serving.sampling import SamplingParams
 from rllm_backends.local_torch.serving.sequence import GenerationRequest, TokenEvent
@@ -28,6 +28,9 @@ def test_only_a_plain_llama_takes_the_fast_forward() -> None:
     assert fast_forward(model) is None  # nothing packed yet
     lora = peft.get_peft_model(copy.deepcopy(model), peft.LoraConfig(r=2, target_modules="all-linear"))
     assert fusions(lora) == []
+    model.config.attention_bias = True  # biased projections: transformers' forward
+    assert fusions(model) == []
+    model.config.attention_bias = False
     model.config.hidden_act = "gelu"
     assert fusions(model) == []
 
@@ -59,7 +62,15 @@ def test_the_transformers_forward_is_unchanged_by_fused_packing(release: bool) -
         assert torch.allclose(model(ids).logits, reference(ids).logits, atol=1e-5)
 
 
-def test_the_engine_serves_a_llama_through_the_fast_forward_exactly() -> None:
+def test_the_engine_serves_a_llama_through_the_fast_forward_exactly(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[int] = []
+    original = FastForward.__call__
+
+    def counted(self: FastForward, *args: object) -> torch.Tensor:
+        calls.append(1)
+        return original(self, *args)
+
+    monkeypatch.setattr(FastForward, "__call__", counted)
     loaded = load_model("tiny-random")
     reference = copy.deepcopy(loaded.model)
     engine = DecodeEngine(loaded, threads=1).start()
@@ -75,7 +86,7 @@ def test_the_engine_serves_a_llama_through_the_fast_forward_exactly() -> None:
     try:
         engine.submit(GenerationRequest(prompt, SamplingParams(max_tokens=12, ignore_eos=True), sink))
         assert done.wait(60)
-        assert fast_forward(engine.model) is not None
+        assert fast_forward(engine.model) is not None and len(calls) >= 12  # every step took it
     finally:
         engine.stop()
     toks = [e.token_id for e in events if e.token_id is not None]

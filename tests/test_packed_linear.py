@@ -9,6 +9,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from rllm_backends.local_torch.serving import packed_linear
 from rllm_backends.local_torch.serving.packed_linear import (
     PackedLayers,
     PackedWeight,
@@ -68,6 +69,7 @@ def test_passes_longer_than_measured_are_chunked_with_the_same_bits() -> None:
     x = torch.randn(21, 48, generator=torch.Generator().manual_seed(2))
     with torch.inference_mode():
         whole = model.head(x)
+        assert torch.equal(whole[5:13], model.head(x[5:13]))  # rows 5-12 cross the chunk boundary at 8
         assert torch.equal(whole[16:], model.head(x[16:]))
         assert torch.allclose(whole, F.linear(x, model.embed.weight), atol=1e-5)
 
@@ -119,3 +121,62 @@ def test_a_deep_copy_shares_packed_weights_and_keeps_them_across_a_swap() -> Non
         assert torch.equal(old(ids), before)  # the copy still computes with the old weights
         assert not torch.allclose(model(ids), before)
     assert isinstance(old.up._rllm_packed, PackedWeight)
+
+
+def test_an_in_place_change_of_a_kept_weight_is_repacked_not_served_stale() -> None:
+    """A model passed in (own_model=False) is still its owner's: load_state_dict or an optimizer step on it must
+    reach the packed copies, both through the layer's own forward and through `refresh` (the engine's check)."""
+    model = Tiny()
+    packed = pack_linear_layers(model, head_rows=64)
+    new = {k: v + 0.05 for k, v in Tiny().state_dict().items()}
+    model.load_state_dict(new)  # in place: torch bumps each parameter's version counter
+    fresh = Tiny()
+    fresh.load_state_dict(new)
+    ids = torch.tensor([[3, 4, 5]])
+    with torch.inference_mode():
+        assert torch.allclose(model(ids), fresh(ids), atol=1e-5)  # repacked on use
+        assert packed.refresh() == 0  # the forward already repacked every layer it used
+        with torch.no_grad():
+            model.up.weight.mul_(2)
+            fresh.up.weight.mul_(2)
+        assert packed.refresh() == 1
+        assert torch.allclose(model(ids), fresh(ids), atol=1e-5)
+
+
+def test_a_pass_of_no_rows_reads_no_weight_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = Tiny()
+    pack_linear_layers(model, head_rows=64, release_dense=True)
+    monkeypatch.setattr(PackedWeight, "dense", lambda self: pytest.fail("dense() for an empty pass"))
+    with torch.inference_mode():
+        assert model.up(torch.empty(2, 0, 48)).shape == (2, 0, 96)
+
+
+def test_fusions_pack_all_or_none() -> None:
+    """One fusion that cannot be packed (a member with a bias) undoes the others: a half-fused model would run
+    its fused layers through the slow read-back path. The layers are then packed alone."""
+    model = Tiny()
+    model.gate = torch.nn.Linear(48, 96, bias=False)
+    holder = torch.nn.Module()
+    ok: packed_linear.Fusion = (model, "_rllm_ok", [model.up, model.gate])
+    bad: packed_linear.Fusion = (holder, "_rllm_bad", [model.down, torch.nn.Linear(96, 48, bias=False)])
+    packed = pack_linear_layers(model, head_rows=64, fusions=[ok, bad])
+    assert not hasattr(model, "_rllm_ok") and packed.fused_owners() == []
+    assert getattr(model.up, "_rllm_part", None) is None and isinstance(model.up._rllm_packed, PackedWeight)
+    assert {"up.weight", "gate.weight", "down.weight"} <= set(packed.by_name)
+
+
+def test_a_failure_part_way_leaves_every_layer_as_it_was(monkeypatch: pytest.MonkeyPatch) -> None:
+    model = Tiny()
+    up_before = model.up.weight.detach().clone()
+
+    def broken(*_: object) -> None:
+        for layer in (model.up, model.down):  # released, then the copy of the rest fails (out of memory, say)
+            layer.weight = torch.nn.Parameter(torch.empty(layer.weight.shape, device="meta"), requires_grad=False)
+        raise MemoryError("no room")
+
+    monkeypatch.setattr(packed_linear, "_release_dense", broken)
+    with pytest.raises(MemoryError):
+        pack_linear_layers(model, head_rows=64, release_dense=True)
+    for layer in (model.up, model.down, model.head):
+        assert "forward" not in layer.__dict__ and not hasattr(layer, "_rllm_packed")
+    assert torch.equal(model.up.weight, up_before)  # read back from the packed copy

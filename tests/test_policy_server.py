@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 import time
 from collections.abc import Iterator
@@ -12,15 +13,26 @@ import httpx
 import pytest
 import torch
 
-from rllm_backends.local_torch.serving import RunningPolicyServer, load_model, start_policy_server
+from rllm_backends.local_torch.serving import LoadedModel, RunningPolicyServer, load_model, start_policy_server
 
 MSG = [{"role": "user", "content": "What is two plus two?"}]
 
 
 @pytest.fixture(scope="module")
-def server() -> Iterator[RunningPolicyServer]:
+def loaded() -> LoadedModel:
+    return load_model("tiny-random")
+
+
+@pytest.fixture(scope="module")
+def reference(loaded: LoadedModel) -> torch.nn.Module:
+    """An untouched copy of the served model, taken before the server packs its layers: an independent forward."""
+    return copy.deepcopy(loaded.model)
+
+
+@pytest.fixture(scope="module")
+def server(loaded: LoadedModel, reference: torch.nn.Module) -> Iterator[RunningPolicyServer]:
     torch.set_num_threads(1)
-    with start_policy_server(load_model("tiny-random"), max_batch_size=16) as s:
+    with start_policy_server(loaded, max_batch_size=16) as s:
         yield s
 
 
@@ -37,11 +49,11 @@ def chat(client: httpx.Client, **body: Any) -> dict[str, Any]:
     return r.json()
 
 
-def fresh_logprobs(server: RunningPolicyServer, prompt: list[int], completion: list[int], temperature: float
+def fresh_logprobs(model: torch.nn.Module, prompt: list[int], completion: list[int], temperature: float
                    ) -> torch.Tensor:
     """log_softmax(logits / T) of `completion` from one plain forward pass over prompt + completion."""
     with torch.no_grad():
-        logits = server.loaded.model(torch.tensor([prompt + completion])).logits[0].float()
+        logits = model(torch.tensor([prompt + completion])).logits[0].float()
     t = temperature or 1.0
     lp = torch.log_softmax(logits[len(prompt) - 1:-1] / t, dim=-1)
     return lp[torch.arange(len(completion)), torch.tensor(completion)]
@@ -76,7 +88,7 @@ def test_chat_returns_vllm_fields_and_logprobs(server: RunningPolicyServer, clie
                             "total_tokens": len(expected_prompt) + 6}
 
 
-def test_concurrent_logprobs_match_a_fresh_forward_pass(server: RunningPolicyServer, client: httpx.Client) -> None:
+def test_concurrent_logprobs_match_a_fresh_forward_pass(reference: torch.nn.Module, client: httpx.Client) -> None:
     """Requests of different lengths joining and leaving the batch report exactly the model's logprobs."""
     prompts = ["hi", "Tell me a very long story about dragons, knights and a castle by the sea.", "2+2?",
                "Explain photosynthesis in one sentence, please, for a child of five."]
@@ -90,7 +102,7 @@ def test_concurrent_logprobs_match_a_fresh_forward_pass(server: RunningPolicySer
         assert len(out["choices"]) == body["n"]
         for ch in out["choices"]:
             got = torch.tensor([c["logprob"] for c in ch["logprobs"]["content"]])
-            ref = fresh_logprobs(server, out["prompt_token_ids"], ch["token_ids"], body["temperature"])
+            ref = fresh_logprobs(reference, out["prompt_token_ids"], ch["token_ids"], body["temperature"])
             worst = max(worst, float((got - ref).abs().max()))
     assert worst <= 1e-4
 

@@ -38,6 +38,7 @@ except ImportError:  # pragma: no cover - exercised where numba is missing
 _FASTMATH = {"reassoc", "contract"}  # vectorised sums and FMAs; no "fast" inf/nan assumptions (-inf is used)
 _ready = threading.Event()
 _failed = False
+_said_missing = False
 
 
 def _rotated(x: Any, t: int, h: int, e: int, cos: Any, sin: Any) -> Any:  # pragma: no cover - numba
@@ -102,8 +103,11 @@ def _paged_attend_impl(q: Any, kc: Any, vc: Any, knew: Any, vnew: Any, cos: Any,
 
 _compiled: Any = None
 if njit is not None:
-    _rotated = njit(inline="always", fastmath=_FASTMATH)(_rotated)
-    _compiled = njit(parallel=True, nogil=True, cache=True, fastmath=_FASTMATH)(_paged_attend_impl)
+    try:
+        _rotated = njit(inline="always", fastmath=_FASTMATH)(_rotated)
+        _compiled = njit(parallel=True, nogil=True, cache=True, fastmath=_FASTMATH)(_paged_attend_impl)
+    except Exception as exc:  # e.g. no writable directory for numba's cache: the torch path serves
+        log.warning("the numba attention kernel is unavailable (%s); using the torch attention", exc)
 
 
 @dataclass
@@ -150,7 +154,11 @@ def _warm_up() -> None:
 def kernel_available(pool_dtype: torch.dtype, device: torch.device) -> bool:
     """Whether the compiled kernel serves this pool (numba present, compiled fine, fp32 pool on the CPU).
     The first call compiles it (about 3 s, then numba's on-disk cache)."""
-    global _failed
+    global _failed, _said_missing
+    if njit is None and not _said_missing and pool_dtype == torch.float32 and device.type == "cpu":
+        _said_missing = True
+        log.warning("numba is not installed: paged attention runs on the torch path (~7x slower at 8-64 rows); "
+                    "pip install 'rllm[serve]' (or numba) for the compiled kernel")
     if _compiled is None or _failed or pool_dtype != torch.float32 or device.type != "cpu":
         return False
     if not _ready.is_set():

@@ -203,6 +203,7 @@ class DecodeEngine:
                 self._apply_updates()
                 admitted = self._admit()
                 if self._work:
+                    self._packed.refresh()  # a model passed in may have been changed in place by its owner
                     self._step()
             except Exception as exc:  # never let one bad step kill the thread every request waits on
                 log.exception("decode loop failed; failing the running sequences")
@@ -284,15 +285,21 @@ class DecodeEngine:
             if tuple(v.shape) != tuple(own[k].shape):
                 raise ConfigError(f"update_weights: {k} has shape {tuple(v.shape)}, "
                                   f"the served model expects {tuple(own[k].shape)}")
+            if v.is_meta or v.is_floating_point() != own[k].is_floating_point():
+                raise ConfigError(f"update_weights: {k} is a {'meta' if v.is_meta else str(v.dtype)} tensor; pass "
+                                  f"real {own[k].dtype} values (a model loaded on the meta device has none)")
         current = [w for w in self._work if w.version == self.policy_version]
         if current and self.swap_mode == "finish":  # a copy of the old weights serves the requests in flight
             self._old_models[self.policy_version] = copy.deepcopy(self.model)
         elif current:  # resume: their KV is stale; they prefill their text again under the new weights
             for w in current:
                 w.drop_kv(self.pool)
-        for k, v in state_dict.items():
-            self._packed.update(k, own[k], v)  # packed anew: an old model copy keeps the old ones
-        self._packed.finish()
+        try:
+            for k, v in state_dict.items():
+                self._packed.update(k, own[k], v)  # packed anew: an old model copy keeps the old ones
+            self._packed.finish()
+        finally:
+            self._packed.discard()
         self.pool.clear_cache()
 
     def _drop_cancelled(self) -> None:

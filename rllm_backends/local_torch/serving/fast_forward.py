@@ -48,7 +48,8 @@ def _layers(model: Any) -> list[Any] | None:
     if type(model) is not LlamaForCausalLM or getattr(model, "peft_config", None):
         return None
     cfg = model.config
-    if cfg.hidden_act != "silu" or getattr(cfg, "pretraining_tp", 1) != 1:
+    if (cfg.hidden_act != "silu" or getattr(cfg, "pretraining_tp", 1) != 1 or getattr(cfg, "attention_bias", False)
+            or getattr(cfg, "mlp_bias", False)):
         return None
     layers = list(model.model.layers)
     for layer in layers:

