@@ -180,3 +180,16 @@ def test_a_failure_part_way_leaves_every_layer_as_it_was(monkeypatch: pytest.Mon
     for layer in (model.up, model.down, model.head):
         assert "forward" not in layer.__dict__ and not hasattr(layer, "_rllm_packed")
     assert torch.equal(model.up.weight, up_before)  # read back from the packed copy
+
+
+def test_refresh_repacks_a_fused_weight_whose_member_changed_in_place() -> None:
+    model = Tiny()
+    model.gate = torch.nn.Linear(48, 96, bias=False)
+    packed = pack_linear_layers(model, head_rows=64, fusions=[(model, "_rllm_ok", [model.up, model.gate])])
+    with torch.no_grad():
+        model.gate.weight.mul_(3)
+    assert packed.refresh() == 1
+    x = torch.randn(4, 48, generator=torch.Generator().manual_seed(3))
+    with torch.inference_mode():
+        got = packed_linear.packed_matmul(x, model._rllm_ok)
+    assert torch.allclose(got, F.linear(x, torch.cat([model.up.weight, model.gate.weight])), atol=1e-5)

@@ -145,6 +145,14 @@ def _stamp(layer: torch.nn.Linear) -> None:
         layer._rllm_version = (layer.weight.data_ptr(), layer.weight._version)
 
 
+def _repack(layer: torch.nn.Linear) -> PackedWeight:
+    """Pack a layer's kept dense weight again (same measured row range), e.g. after it changed in place."""
+    old: PackedWeight = layer._rllm_packed
+    layer._rllm_packed = packed = PackedWeight(layer.weight, old.min_rows, old.max_rows)
+    _stamp(layer)
+    return packed
+
+
 def _is_stale(layer: torch.nn.Linear) -> bool:
     w = layer.weight
     return not w.is_meta and getattr(layer, "_rllm_version", None) != (w.data_ptr(), w._version)
@@ -167,8 +175,7 @@ def _packed_forward(self: torch.nn.Linear, x: torch.Tensor) -> torch.Tensor:
         weight = packed.dense() if packed is not None else part.packed().dense()[part.start: part.stop]
         return F.linear(x, weight, self.bias)
     if _is_stale(self):  # the caller changed its weight in place since it was packed
-        self._rllm_packed = packed = PackedWeight(self.weight, packed.min_rows, packed.max_rows)
-        _stamp(self)
+        packed = _repack(self)
     out = packed_matmul(x.reshape(rows, x.shape[-1]), packed, self.bias)
     return out.reshape(*x.shape[:-1], self.out_features)
 
@@ -214,7 +221,7 @@ class PackedLayers:
         layer = self.by_name.get(key)
         part: FusedPart | None = getattr(layer, "_rllm_part", None)
         if part is not None:
-            self._pending.setdefault((id(part.owner), part.attr), {})[part.start] = new.detach()
+            self._queue(part, new)
         if layer is not None and layer.weight.is_meta:
             if part is None:
                 old: PackedWeight = layer._rllm_packed
@@ -223,21 +230,26 @@ class PackedLayers:
             return
         own.copy_(new.detach().to(own.device, own.dtype))
         for alone in self.by_data.get(own.data_ptr(), ()):
-            old = alone._rllm_packed
-            alone._rllm_packed = PackedWeight(alone.weight, old.min_rows, old.max_rows)
-            _stamp(alone)
+            _repack(alone)
         if layer is not None:
             _stamp(layer)
 
     def refresh(self) -> int:
         """Repack every layer whose kept dense weight was changed in place since it was packed (not through
         `update`); the number repacked. Cheap when nothing changed: one version read per layer."""
-        stale = [(key, layer) for key, layer, w in self.kept
+        stale = [layer for _, layer, w in self.kept
                  if layer.__dict__.get("_rllm_version") != (w.data_ptr(), w._version)]
-        for key, layer in stale:
-            self.update(key, layer.weight, layer.weight.detach().clone())
+        for layer in stale:
+            part: FusedPart | None = getattr(layer, "_rllm_part", None)
+            if part is None:
+                _repack(layer)
+            else:  # its current rows join the fused weight's repack
+                self._queue(part, layer.weight)
         self.finish()
         return len(stale)
+
+    def _queue(self, part: FusedPart, rows: torch.Tensor) -> None:
+        self._pending.setdefault((id(part.owner), part.attr), {})[part.start] = rows.detach()
 
     def finish(self) -> None:
         """Repack every fused weight some of whose rows `update` changed (once, however many keys it took)."""
