@@ -133,11 +133,14 @@ def test_plugins_shows_the_extra_of_a_missing_adapter(monkeypatch) -> None:
         return real_version(dist)
 
     monkeypatch.setattr(plugins_cmd, "version", version)
-    monkeypatch.setenv("COLUMNS", "250")  # one table row per line: the hint is not wrapped mid-word
+    monkeypatch.setenv("COLUMNS", "80")  # a narrow terminal: the hint is printed whole under the table
     result = CliRunner().invoke(build_app(), ["plugins"])
     assert result.exit_code == 0, result.output
-    autogen_row = next(ln for ln in result.output.splitlines() if "autogen-agentchat" in ln)  # adapters table
-    assert 'not installed (pip install "rllm[autogen]")' in autogen_row
+    lines = result.output.splitlines()
+    autogen_row = next(ln for ln in lines if "autogen-agentc" in ln)  # adapters table
+    assert "not installed" in autogen_row and "…" not in result.output
+    assert '  autogen: pip install "rllm[autogen]"' in lines
+    assert all(len(ln) <= 80 for ln in lines), [ln for ln in lines if len(ln) > 80]
 
 
 def test_plugins_prints_a_plugins_name_and_version_literally() -> None:
@@ -181,3 +184,21 @@ def test_smollm2_without_its_package_keeps_its_own_message(monkeypatch, tmp_path
         models_mod.load_model("smollm2-135m")
     with pytest.raises(ConfigError, match=r"^tiny-random borrows the tokenizer"):
         models_mod.load_tokenizer("tiny-random")
+
+
+def test_train_help_fits_80_columns_and_keeps_the_no_flags(monkeypatch) -> None:
+    """`rllm train --help` at 80 columns cuts no option name ("…"), and `--no-X` still turns a bool off (a
+    benchmark may recommend bf16; `--no-bf16` must win)."""
+    from rllm_core.training import plugin
+
+    monkeypatch.setenv("COLUMNS", "80")
+    result = CliRunner().invoke(build_app(), ["train", "--help"])
+    assert result.exit_code == 0 and "…" not in result.output, result.output
+    assert "--allow-resume-changes" in result.output and "--no-bf16" in result.output
+    seen: dict = {}
+    monkeypatch.setattr(plugin, "_run", lambda bench, cfg, resume, progress, overrides: seen.update(overrides))
+    app = build_app()
+    assert CliRunner().invoke(app, ["train", "arithmetic", "--no-bf16", "--eval-greedy"]).exit_code == 0
+    assert seen["bf16"] is False and seen["eval_greedy"] is True and seen["gradient_checkpointing"] is None
+    both = CliRunner().invoke(app, ["train", "arithmetic", "--bf16", "--no-bf16"])
+    assert both.exit_code != 0 and "contradict" in both.output

@@ -55,13 +55,21 @@ def plugins_command(
     console.print(table)
     adapters = Table(title="framework adapters")
     for col in ("adapter", "framework", "installed", "tested", "status"):
-        adapters.add_column(col)
+        adapters.add_column(col, overflow="fold")  # at 80 columns a long name folds, never ends in "…"
+    hints: list[str] = []
     for spec in get_plugin_manager().adapters():
         installed, status = adapter_status(spec)
         colour = "green" if status == "ok" else "yellow"
+        short, _, hint = status.partition(" (pip install ")
+        if hint:  # the install command goes under the table, whole, where a narrow terminal cannot cut it
+            hints.append(f"  {spec.name}: pip install {hint.removesuffix(')')}")
         adapters.add_row(*_plain(spec.name, spec.framework, installed or "-", spec.tested_versions or "-"),
-                         f"[{colour}]{escape(status)}[/{colour}]")  # the hint's "rllm[extra]" is not a tag
+                         f"[{colour}]{escape(short)}[/{colour}]")
     console.print(adapters)
+    if hints:
+        console.print("to install a missing framework:", highlight=False)
+        for line in hints:
+            console.print(escape(line), highlight=False, soft_wrap=True)  # "rllm[extra]" is not a tag
 
 
 def _plain(*cells: str) -> list[str]:

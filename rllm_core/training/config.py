@@ -69,7 +69,7 @@ class TrainConfig(BaseModel):
     role_weights: dict[str, float] = Field(default_factory=dict)
     """Per-role advantage weights, 'solver=1,judge=0.5' (roles not named: 1; 0: the role is not trained)."""
     roles: dict[str, str] = Field(default_factory=dict)
-    """A policy per role, 'debater=lora:debater,moderator=lora:moderator': each named role trains its own LoRA
+    """A policy per role, 'debater=lora:d,moderator=lora:m': each named role trains its own LoRA
     adapter on the frozen base model (rank --lora-rank, 16 if unset), served by name; other roles share one."""
     loss: str = "ppo"
     """Policy loss: ppo | importance_sampling | gspo."""

@@ -46,6 +46,7 @@ _PANELS: dict[str, tuple[str, ...]] = {
                            "top_p", "max_tokens", "concurrency", "episode_timeout_s"),
     "Distributed (Ray)": ("rollout_workers", "ray_address"),
     "Optimizer": ("lr", "weight_decay", "warmup_steps", "lr_schedule", "max_grad_norm"),
+    "On disk": ("output", "save_every", "keep_checkpoints", "save_episodes"),
 }
 """Help panels of `rllm train --help`: some 50 options in one table are hard to scan, and one table takes the
 width of its longest flag for every row. Options not listed land in "Run, validation and checkpoints"."""
@@ -66,9 +67,11 @@ def _option(name: str) -> inspect.Parameter:
     field = TrainConfig.model_fields[name]
     typ = _cli_type(field.annotation)
     flag = "--" + name.replace("_", "-")
-    decl = f"{flag}/--no-{name.replace('_', '-')}" if typ is bool else flag
+    decl = flag
     aliases = _ALIASES.get(name, ())
     help_text = (field.description or "").replace("\n", " ")
+    if typ is bool:
+        help_text = f"{help_text} (--no-{name.replace('_', '-')}: off)"
     default = field.get_default(call_default_factory=True)
     if default not in (None, {}, []):  # "(default: None)" says nothing: such options are simply off unless given
         help_text = f"{help_text} [default: {default}]"
@@ -76,6 +79,14 @@ def _option(name: str) -> inspect.Parameter:
     opt = typer.Option(None, decl, *aliases, help=escape(help_text.strip()), show_default=False,  # rich markup
                        rich_help_panel=_panel(name), metavar="|".join(choices) or None)
     return inspect.Parameter(name, inspect.Parameter.KEYWORD_ONLY, default=opt, annotation=typ | None)
+
+
+def _negation(name: str) -> inspect.Parameter:
+    """`--no-X` for a bool option X, as an option of its own that `--help` does not list: in the help table a
+    `--no-X` twin takes a column of its own and cut long option names at 80 columns (X's help names it)."""
+    flag = "--no-" + name.replace("_", "-")
+    return inspect.Parameter(f"no_{name}", inspect.Parameter.KEYWORD_ONLY, annotation=bool,
+                             default=typer.Option(False, flag, hidden=True))
 
 
 def _run(benchmark: str | None, config_file: Path | None, resume: Path | None, progress: bool,
@@ -171,14 +182,23 @@ def _make_command() -> Any:
                if n not in ("benchmark", "loggers")
                and (typing.get_origin(f.annotation) is not dict or n in _MAP_FLAGS)]
 
+    negations = [_negation(p.name) for p in options if p.annotation == (bool | None)]
+
     def train_command(**kwargs: Any) -> None:
         """Train a model with RL on a benchmark (GRPO on the embedded SmolLM2-135M by default)."""
+        for neg in negations:
+            name = neg.name.removeprefix("no_")
+            if kwargs.pop(neg.name):
+                if kwargs.get(name):
+                    raise typer.BadParameter(f"--{name.replace('_', '-')} and {neg.default.param_decls[0]} "
+                                             "contradict: pass one")
+                kwargs[name] = False
         loggers = kwargs.pop("logger")
         kwargs["loggers"] = list(loggers) if loggers else None  # None: the config file's (or none)
         _run(kwargs.pop("benchmark"), kwargs.pop("config_file"), kwargs.pop("resume"), kwargs.pop("progress"),
              kwargs)
 
-    train_command.__signature__ = inspect.Signature(fixed + options)  # type: ignore[attr-defined]
+    train_command.__signature__ = inspect.Signature(fixed + options + negations)  # type: ignore[attr-defined]
     return train_command
 
 
