@@ -30,7 +30,7 @@ PANELS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("reward", ("reward/mean", "val/reward/mean", "val_greedy/reward/mean")),
     ("accuracy", ("reward/accuracy", "val/reward/accuracy", "val_greedy/reward/accuracy")),
     ("response tokens (mean)", ("episode/response_tokens_mean", "val/episode/response_tokens_mean")),
-    ("KL to the start policy", ("train/approx_kl", "train/kl")),
+    ("KL: update vs sampler (approx_kl), vs start (kl)", ("train/approx_kl", "train/kl")),
     ("clip fraction", ("train/clip_frac", "train/clip_frac_lower")),
     ("entropy", ("train/entropy",)),
     ("grad norm", ("train/grad_norm",)),

@@ -72,7 +72,9 @@ def _write_mixed_run(run: Path) -> None:
     (run / "config.yaml").write_text("benchmark: arithmetic\nmodel: tiny-random\nbackend: local\nmax_steps: 1\n")
     (run / "heartbeat.json").write_text(json.dumps({"time": now, "status": "finished", "step": 1}))
     (run / "metrics.jsonl").write_text(json.dumps({"kind": "train", "step": 1, "time": now, "reward/mean": 2 / 6,
-                                                   "reward/accuracy": 2 / 6}) + "\n")
+                                                   "reward/accuracy": 2 / 6}) + "\n"
+                                       + json.dumps({"kind": "eval", "step": 1, "time": now,
+                                                     "val/reward/accuracy": 1.0}) + "\n")
 
     def ep(task: str, reward: float, reason: str, ids: list[int] | None, error: str | None = None) -> dict[str, Any]:
         step = {"messages": [{"role": "user", "content": f"solve {task}"}], "text": f"answer to {task}",
@@ -172,6 +174,8 @@ def test_runs_list_shows_each_run_with_its_status(page: Page, server: ViewServer
     assert train.locator('[data-testid="status-badge"]').inner_text() == "finished"
     assert "2/2" in train.inner_text() and "tiny-random" in train.inner_text()
     assert page.tab.locator('tr[data-run-id="eval"] [data-testid="status-badge"]').inner_text() == "finished"
+    cells = page.tab.locator('tr[data-run-id="mixed"] td.num').all_inner_texts()  # rates alike: 1.0 as 1.000
+    assert cells[-3:] == ["0.333", "0.333", "1.000"], cells
 
 
 def test_run_page_draws_one_reward_point_per_step(page: Page, runs_root: Path, tmp_path: Path) -> None:

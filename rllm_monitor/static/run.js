@@ -1,7 +1,7 @@
 // The run page: live curves (polling /api/metrics?since=next while the run is running), config and log tail.
 
 import { align, Chart, countPoints, PALETTE, withSmoothing } from "./charts.js";
-import { api, fmt, h, json, life } from "./util.js";
+import { api, fmt, fmtRate, h, json, life } from "./util.js";
 
 /** Which metrics each chart shows; `match` charts take every key matching the pattern (e.g. every phase). */
 export const CHARTS = [
@@ -11,7 +11,7 @@ export const CHARTS = [
     ["val_greedy/reward/accuracy", "eval greedy"]] },
   { id: "length", title: "Response length (tokens)", keys: [["episode/response_tokens_mean", "mean"],
     ["episode/response_tokens_max", "max"], ["val/episode/response_tokens_mean", "eval mean"]] },
-  { id: "kl", title: "KL (approx)", keys: [["train/approx_kl", "approx KL"]] },
+  { id: "kl", title: "KL: update vs sampler, vs start policy", keys: [["train/approx_kl", "update vs sampler (approx)"], ["train/kl", "vs start (--kl-coef)"]] },
   { id: "clip", title: "Clip fraction", keys: [["train/clip_frac", "clip frac"], ["train/clip_frac_lower", "lower"]] },
   { id: "entropy", title: "Entropy", keys: [["train/entropy", "entropy"]] },
   { id: "grad-norm", title: "Grad norm", keys: [["train/grad_norm", "grad norm"]] },
@@ -158,8 +158,8 @@ export async function logView(main, run, getStatus) {
 export function runSummary(info) {
   if (!info) return h("span");
   const bits = [["kind", info.kind], ["benchmark", info.benchmark], ["model", info.model], ["backend", info.backend],
-    ["step", info.max_steps ? `${info.step ?? 0}/${info.max_steps}` : info.step], ["reward", fmt(info.reward)],
-    ["accuracy", fmt(info.accuracy)], ["val acc", fmt(info.val_accuracy)]];
+    ["step", info.max_steps ? `${info.step ?? 0}/${info.max_steps}` : info.step], ["reward", fmtRate(info.reward)],
+    ["accuracy", fmtRate(info.accuracy)], ["val acc", fmtRate(info.val_accuracy)]];
   return h("div", { class: "summary" }, bits.filter(([, v]) => v !== undefined && v !== null && v !== "–")
     .map(([k, v]) => h("span", { class: "fig" }, h("span", { class: "muted" }, k), " ", String(v))),
   info.error ? h("div", { class: "error-record" }, info.error) : null);

@@ -2,7 +2,7 @@
 
 import { align, Chart, countPoints, PALETTE, withSmoothing } from "./charts.js";
 import { axisLabel, chartControls, CHARTS } from "./run.js";
-import { ago, api, badge, enc, fmt, h, life, runHref } from "./util.js";
+import { ago, api, badge, enc, fmtRate, h, life, runHref } from "./util.js";
 
 let runsCache = { at: 0, data: null };
 
@@ -49,9 +49,9 @@ export async function runsView(main) {
         h("td", {}, r.model ?? ""),
         h("td", {}, r.backend ?? ""),
         h("td", { class: "num" }, r.max_steps ? `${r.step ?? 0}/${r.max_steps}` : (r.step ?? "")),
-        h("td", { class: "num" }, fmt(r.reward)),
-        h("td", { class: "num" }, fmt(r.accuracy)),
-        h("td", { class: "num" }, fmt(r.val_accuracy)),
+        h("td", { class: "num" }, fmtRate(r.reward)),
+        h("td", { class: "num" }, fmtRate(r.accuracy)),
+        h("td", { class: "num" }, fmtRate(r.val_accuracy)),
         h("td", { class: "muted" }, ago(r.updated))));
     }
     if (!list.length) body.append(h("tr", {}, h("td", { colspan: "12", class: "muted" }, "no runs below this folder")));

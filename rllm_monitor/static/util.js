@@ -63,6 +63,11 @@ export function fmt(v, digits = 3) {
   return v.toFixed(digits);
 }
 
+// A rate in [0, 1] (reward, accuracy): always three decimals, so 1.0 reads "1.000" beside "0.963", not "1".
+export function fmtRate(v) {
+  return typeof v === "number" && Number.isFinite(v) ? v.toFixed(3) : fmt(v);
+}
+
 export function ago(t) {
   if (!t) return "–";
   const ms = typeof t === "number" ? t * 1000 : Date.parse(t);
