@@ -34,7 +34,8 @@ def eval_command(
         None, "--workflow",
         help="refinement | solver-judge | self-debate; options after a colon: 'solver-judge:n_solvers=3'.",
     ),
-    output: Path | None = typer.Option(None, "--output", "-o", help="Output folder (default rllm-runs/eval-...)."),
+    output: Path | None = typer.Option(None, "--output", "-o",
+                                       help="Output folder (default runs/eval-BENCH-TIME, beside rllm train's)."),
     data_dir: Path | None = typer.Option(None, "--data-dir", help="Benchmark files folder (default $RLLM_DATA_DIR)."),
     max_tokens: int | None = typer.Option(
         None, "--max-tokens", help="Max completion tokens per LLM call (default 512, or the benchmark's).",

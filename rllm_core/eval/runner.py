@@ -110,7 +110,7 @@ def _rollout(opts: EvalOptions, bench: Any) -> Rollout:
 
 
 def _output_dir(opts: EvalOptions) -> Path:
-    out = opts.output or Path("rllm-runs") / f"eval-{opts.benchmark}-{time.strftime('%Y%m%d-%H%M%S')}"
+    out = opts.output or Path("runs") / f"eval-{opts.benchmark}-{time.strftime('%Y%m%d-%H%M%S')}"
     out.mkdir(parents=True, exist_ok=True)
     return out
 
