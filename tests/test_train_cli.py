@@ -23,6 +23,10 @@ def test_train_then_resume_on_arithmetic(tmp_path: Path) -> None:
     res = runner.invoke(build_app(), ["train", "arithmetic", "--max-steps", "2", "--output", str(out), *SMALL])
     assert res.exit_code == 0, res.output
     assert "step    2  reward" in res.output and "eval    2  sampled acc" in res.output
+    # the figures say what they are measured under, and how to compare base and trained the way users do
+    assert ("validation: 2 test tasks, 1 attempt each sampled at temperature 1, and greedy, ≤ 8 tokens per reply"
+            in res.output)
+    assert f"rllm eval arithmetic --model tiny-random  and  rllm eval arithmetic --model {out}" in res.output
     assert latest_checkpoint(out / "checkpoints") == out / "checkpoints" / "step_2"
     res = runner.invoke(build_app(), ["train", "arithmetic", "--max-steps", "1", "--output", str(out), *SMALL])
     assert res.exit_code == 1 and "already holds a training run" in res.output  # never mixed into

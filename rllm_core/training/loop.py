@@ -40,7 +40,7 @@ from rllm_core.training.rundir import RunDir
 from rllm_core.training.setup import apply_benchmark_defaults, per_role_options, resolve_benchmark, resolve_rollout
 from rllm_core.types import Episode, Task, group_trajectories
 
-__all__ = ["TrainResult", "atrain", "sample_tasks", "train"]
+__all__ = ["TrainResult", "atrain", "sample_tasks", "train", "validation_settings"]
 
 log = logging.getLogger("rllm.train")
 
@@ -223,6 +223,15 @@ def _resume(run: RunDir, backend: Backend) -> tuple[int, Path | None]:
     return step, ckpt
 
 
+def validation_settings(config: TrainConfig, n_tasks: int) -> str:
+    """What the held-out figures are measured under, in words: the training run's own sampling settings (a
+    benchmark's short token cap included), which are not `rllm eval`'s, so a user compares like with like."""
+    greedy = ", and greedy" if config.eval_greedy else ""
+    attempts = "1 attempt" if config.eval_attempts == 1 else f"{config.eval_attempts} attempts"
+    return (f"{n_tasks} {config.val_split} tasks, {attempts} each sampled at temperature {config.temperature:g}"
+            f"{greedy}, ≤ {config.max_tokens} tokens per reply")
+
+
 async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchmark: Any = None,
                  rollout: Rollout | None = None, resume: bool = False, progress: bool = True,
                  console: Console | None = None) -> TrainResult:
@@ -249,6 +258,9 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
                                  max_examples=config.max_train_examples, seed=config.seed)
     val_tasks = benchmark.load(config.val_split, data_dir=config.data_dir, max_examples=config.eval_examples,
                                seed=config.seed + 1) if config.eval_examples > 0 else []
+    if val_tasks:
+        console.print(f"[dim]validation: {validation_settings(config, len(val_tasks))}[/dim]", soft_wrap=True,
+                      highlight=False)
     run = RunDir(config.output)
     if not resume and run.holds_run():
         raise ConfigError(f"{run.path} already holds a training run: continue it with `rllm train --resume "

@@ -127,6 +127,16 @@ def _run(benchmark: str | None, config_file: Path | None, resume: Path | None, p
     console.print(f"done: {_steps(result.steps_done)}{_accuracy_summary(evals)}, checkpoint "
                   f"{result.last_checkpoint}, run dir {result.run_dir}", highlight=False, soft_wrap=True)
     run = shlex.quote(str(result.run_dir))
+    if evals:  # the settings the run really used: its config.yaml holds the benchmark's recommendations too
+        from rllm_core.training.loop import validation_settings
+
+        used = load_config(RunDir(result.run_dir).config_file)
+        settings = validation_settings(used, used.eval_examples)
+        console.print(f"  held-out figures under the run's validation settings ({settings}); `rllm eval` "
+                      "samples under its own (e.g. ≤ 512 tokens). Base vs "
+                      f"trained as a user would compare them: rllm eval {used.benchmark} --model "
+                      f"{shlex.quote(used.model)}  and  rllm eval {used.benchmark} --model {run}",
+                      highlight=False, soft_wrap=True, markup=False)
     console.print(f"  browse it: rllm view {run}   ·   curves: rllm plot {run} -o curves.png", highlight=False,
                   soft_wrap=True, markup=False)
 
