@@ -18,6 +18,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rllm_backends.local_torch.heap import release_free_memory
 from rllm_core.backend import BackendBase, BackendCapabilities, PolicyEndpoint
 from rllm_core.errors import TrainingError
 from rllm_core.training.config import TrainConfig
@@ -88,6 +89,7 @@ class LocalTorchBackend(BackendBase):
     def train_step(self, rows: Sequence[TrainRow]) -> dict[str, float]:
         self._require()
         metrics = self.trainer.train_step(rows)
+        release_free_memory()  # the update's transient gigabytes: RSS stays flat from step to step
         versions = [r.policy_version for r in rows if r.policy_version is not None]
         if versions:
             metrics["train/policy_staleness_max"] = float(self.policy_version - min(versions))
@@ -96,6 +98,7 @@ class LocalTorchBackend(BackendBase):
     def sync_weights(self) -> int:
         self._require()
         self.policy_version = int(self.server.update_weights(self.trainer.serving_state_dict()))
+        release_free_memory()
         return self.policy_version
 
     def save(self, path: Path) -> None:

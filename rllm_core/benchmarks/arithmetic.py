@@ -71,9 +71,12 @@ class Arithmetic(Benchmark):
     # 12.5 % to 96.6 % in 14 minutes (benchmarks/learning_curve.py, bf16 on a CPU with native bf16). Answers are a
     # few digits. bf16 autocast only where the CPU computes bf16 natively: without AVX512-BF16 / AMX, torch's bf16
     # matmul falls back to a scalar kernel, and one update took over 8 minutes where fp32 takes seconds.
+    # Gradient checkpointing keeps the main job's peak RSS near 4 GiB (5.8 without, on the same bf16 CPU) at about
+    # the same update time: the update is dominated by the LM head and the optimizer, not the recomputed layers.
     @property
     def train_defaults(self) -> Mapping[str, Any]:  # type: ignore[override]
-        return {"max_tokens": 12, "lr": 5e-6, "bf16": cpu_has_native_bf16(), "eval_every": 10, "eval_greedy": True}
+        return {"max_tokens": 12, "lr": 5e-6, "bf16": cpu_has_native_bf16(), "eval_every": 10, "eval_greedy": True,
+                "gradient_checkpointing": True}
 
     def __init__(self, level: Level) -> None:
         self.level = level
