@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import functools
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -58,9 +59,24 @@ class ApiError(Exception):
 
 
 def _json_text(obj: Any) -> str:
+    """Strict JSON: a metric of NaN or 1e309 (inf) would be written as `NaN` / `Infinity`, which a browser's
+    JSON.parse refuses, so that run's curves would not load at all; such a value is sent as null (a gap)."""
     import json
 
-    return json.dumps(obj, default=str)
+    try:
+        return json.dumps(obj, default=str, allow_nan=False)
+    except ValueError:
+        return json.dumps(_finite(obj), default=str, allow_nan=False)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float):
+        return obj if math.isfinite(obj) else None
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, list | tuple):
+        return [_finite(v) for v in obj]
+    return obj
 
 
 def _int_param(request: web.Request, name: str, default: int | None, low: int = 0,

@@ -146,6 +146,31 @@ def test_polling_metrics_sees_what_a_running_run_appends(runs_root: Path, tmp_pa
         assert (polled["next"], polled["partial_lines"]) == (2, 0)
 
 
+def test_links_out_of_the_run_and_non_finite_metrics(runs_root: Path, tmp_path: Path) -> None:
+    """A run's log.txt / config.yaml / episodes file linked to a file outside the run is not served (it reads as
+    missing); a metric of NaN or 1e309 arrives as null in strict JSON, so the run's curves still load."""
+    secret = tmp_path / "secret.txt"
+    secret.write_text("TOKEN=hunter2\n")
+    run = tmp_path / "runs" / "linked"
+    shutil.copytree(runs_root / "synthetic" / "hand", run)
+    for name in ("log.txt", "config.yaml"):
+        (run / name).unlink()
+        (run / name).symlink_to(secret)
+    (run / "episodes" / "step_9.jsonl").symlink_to(secret)
+    (run / "metrics.jsonl").write_text('{"kind": "train", "step": 1, "time": 1.0, "reward/mean": NaN}\n'
+                                       '{"kind": "train", "step": 2, "time": 2.0, "reward/mean": 1e309}\n')
+    with start_view_server(tmp_path / "runs") as s, httpx.Client(base_url=s.url) as c:
+        for route in ("/api/log", "/api/config", "/api/files", "/api/metrics"):
+            resp = c.get(route, params={"run": "linked"})
+            assert "hunter2" not in resp.text, route
+        assert c.get("/api/log", params={"run": "linked"}).json()["lines"] == []
+        assert "step_9" not in c.get("/api/files", params={"run": "linked"}).text
+        resp = c.get("/api/metrics", params={"run": "linked"})
+        assert "NaN" not in resp.text and "Infinity" not in resp.text
+        records = json.loads(resp.text)["records"]
+        assert [r["reward/mean"] for r in records] == [None, None]
+
+
 def test_config_and_log(client: httpx.Client, runs_root: Path) -> None:
     body = _get(client, "/api/config", run="train")
     assert body["config"]["model"] == "tiny-random" and body["config"]["batch_size"] == 2

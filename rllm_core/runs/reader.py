@@ -143,6 +143,21 @@ class RunReader:
         self._indexes: dict[str, EpisodeIndex] = {}
         self._config: tuple[float | None, dict[str, Any], str] | None = None
 
+    # -- files inside the run only -------------------------------------------------------------------------
+    def _inside(self, path: Path) -> bool:
+        """True when `path` resolves inside the run directory: a `log.txt` or `config.yaml` linked to a file
+        elsewhere (another user's secrets, /etc/shadow) must not be served by `rllm view` as the run's."""
+        try:
+            return path.resolve().is_relative_to(self.path.resolve())
+        except (OSError, RuntimeError):  # a link loop
+            return False
+
+    def _in_run(self, *parts: str) -> Path:
+        """`self.path / parts` when that resolves inside the run, else a path that does not exist (so every
+        reader treats a link out of the run like a missing file)."""
+        path = self.path.joinpath(*parts)
+        return path if self._inside(path) else self.path / ".outside-the-run" / parts[-1]
+
     # -- what the run is ------------------------------------------------------------------------------------
     def is_run(self) -> bool:
         return self.path.is_dir() and _is_run_dir(self.path)
@@ -155,16 +170,16 @@ class RunReader:
         return self
 
     def run_json(self) -> dict[str, Any]:
-        return _json_file(self.path / RUN_JSON) or {}
+        return _json_file(self._in_run(RUN_JSON)) or {}
 
     def heartbeat(self) -> dict[str, Any] | None:
-        return _json_file(self.path / HEARTBEAT)
+        return _json_file(self._in_run(HEARTBEAT))
 
     def kind(self) -> str:
         kind = self.run_json().get("kind")
         if kind in ("train", "eval"):
             return str(kind)
-        return "eval" if (self.path / SUMMARY).exists() or (self.path / EVAL_EPISODES).exists() else "train"
+        return "eval" if (self._in_run(SUMMARY)).exists() or (self._in_run(EVAL_EPISODES)).exists() else "train"
 
     def status(self, now: float | None = None) -> tuple[str, str | None]:
         """(status, error): see the package docstring for the rules."""
@@ -183,10 +198,10 @@ class RunReader:
         errors = [r for r in self.metrics()[0] if r.get("kind") == "error"]
         if errors:
             return "failed", errors[-1].get("error")
-        changed = [m for m in (_mtime(self.path / METRICS), _mtime(self.path / EVAL_EPISODES)) if m is not None]
+        changed = [m for m in (_mtime(self._in_run(METRICS)), _mtime(self._in_run(EVAL_EPISODES))) if m is not None]
         if changed and now - max(changed) < STALE_AFTER_S:
             return "running", None
-        done = (self.path / SUMMARY).exists() if self.kind() == "eval" else bool(self._metrics)
+        done = (self._in_run(SUMMARY)).exists() if self.kind() == "eval" else bool(self._metrics)
         return ("finished", None) if done else ("crashed", None)
 
     def info(self) -> RunInfo:
@@ -219,14 +234,14 @@ class RunReader:
                     info.reward = sum(i.get("reward") or 0.0 for i in items) / len(items)
                     info.accuracy = sum(1 for i in items if i.get("is_correct")) / len(items)
                     info.step = len(items) if info.step is None else info.step
-            summary = _json_file(self.path / SUMMARY) or {}
+            summary = _json_file(self._in_run(SUMMARY)) or {}
             info.benchmark = info.benchmark or summary.get("benchmark")
             info.model = info.model or summary.get("model")
-        times = [t for t in (beat.get("time"), _mtime(self.path / METRICS), _mtime(self.path / SUMMARY))
+        times = [t for t in (beat.get("time"), _mtime(self._in_run(METRICS)), _mtime(self._in_run(SUMMARY)))
                  if isinstance(t, int | float)]
         info.updated = max(times) if times else None
         if info.started is None:
-            info.started = _mtime(self.path / CONFIG) or _mtime(self.path)
+            info.started = _mtime(self._in_run(CONFIG)) or _mtime(self.path)
         return info
 
     # -- files that grow ------------------------------------------------------------------------------------
@@ -234,7 +249,7 @@ class RunReader:
         """(records since..., next, partial_lines). `next` is the number of complete records: pass it as
         `since` to get only what came after. A file rewritten from the start (`--resume` drops metrics after its
         checkpoint) is read again, so `next` can go down: a client seeing next < since reloads."""
-        path = self.path / METRICS
+        path = self._in_run(METRICS)
         try:
             st = os.stat(path)
         except FileNotFoundError:
@@ -264,7 +279,7 @@ class RunReader:
 
     def config(self) -> dict[str, Any]:
         """{"config": the parsed config.yaml (eval runs of older versions: summary.json's config), "text"}."""
-        path = self.path / CONFIG
+        path = self._in_run(CONFIG)
         mtime = _mtime(path)
         if self._config is None or self._config[0] != mtime:
             text, data = "", {}
@@ -277,14 +292,14 @@ class RunReader:
                 except yaml.YAMLError:
                     loaded = None  # being rewritten (resume) or edited by hand: the text still shows
                 data = loaded if isinstance(loaded, dict) else {}
-            elif (summary := _json_file(self.path / SUMMARY)) is not None:
+            elif (summary := _json_file(self._in_run(SUMMARY))) is not None:
                 data = dict(summary.get("config") or {})
             self._config = (mtime, data, text)
         return {"config": dict(self._config[1]), "text": self._config[2]}
 
     def log_tail(self, n: int = 200) -> list[str]:
         """The last `n` lines of log.txt, read from the end (a long log is not read whole)."""
-        path = self.path / LOG
+        path = self._in_run(LOG)
         if n <= 0 or not path.exists():
             return []
         with open(path, "rb") as f:
@@ -300,11 +315,11 @@ class RunReader:
 
     # -- episodes -------------------------------------------------------------------------------------------
     def _episodes_path(self, name: str) -> Path:
-        if name == EVAL_FILE_NAME and (self.path / EVAL_EPISODES).exists():
-            return self.path / EVAL_EPISODES
+        if name == EVAL_FILE_NAME and (self._in_run(EVAL_EPISODES)).exists():
+            return self._in_run(EVAL_EPISODES)
         if not name or "/" in name or "\\" in name or name.startswith("."):
             raise RunReadError(f"{name!r} is not an episodes file name (names look like step_3, eval_step_0, eval)")
-        return self.path / EPISODES_DIR / f"{name}.jsonl"
+        return self._in_run(EPISODES_DIR, f"{name}.jsonl")
 
     def _index(self, name: str) -> EpisodeIndex:
         path = self._episodes_path(name)
@@ -319,13 +334,13 @@ class RunReader:
     def files(self) -> list[dict[str, Any]]:
         """The episodes files, train steps in order, then eval files: name, kind, step, episodes (count)."""
         paths: list[tuple[str, Path]] = []
-        if (self.path / EVAL_EPISODES).is_file():
-            paths.append((EVAL_FILE_NAME, self.path / EVAL_EPISODES))
-        edir = self.path / EPISODES_DIR
+        if (self._in_run(EVAL_EPISODES)).is_file():
+            paths.append((EVAL_FILE_NAME, self._in_run(EVAL_EPISODES)))
+        edir = self._in_run(EPISODES_DIR)
         if edir.is_dir():
             with os.scandir(edir) as it:
                 for e in it:
-                    if e.name.endswith(".jsonl") and e.is_file():  # (sidecars end in .jsonl.idx)
+                    if e.name.endswith(".jsonl") and e.is_file() and self._inside(Path(e.path)):  # (not .idx)
                         paths.append((e.name[: -len(".jsonl")], Path(e.path)))
         out = []
         for name, _ in paths:
