@@ -103,3 +103,18 @@ def test_resume_with_no_step_left_says_so(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match=r"already at step 3, so --max-steps 3 .*pass --max-steps 4 or more"):
         _check_resume_config(run, TrainConfig(output=str(tmp_path), max_steps=3))
     _check_resume_config(run, TrainConfig(output=str(tmp_path), max_steps=4))
+
+
+def test_config_yaml_is_written_atomically_and_a_cut_short_one_is_refused(tmp_path) -> None:
+    """A crash mid-write leaves the old config.yaml or the new one, never half; a config.yaml cut short (or
+    edited down) is refused at --resume naming the file, not filled with defaults (the default model)."""
+    from rllm_core.training.config import load_config, load_run_config
+
+    path = tmp_path / "config.yaml"
+    load_config(None, benchmark="arithmetic", model="tiny-random").dump_yaml(path)
+    assert load_run_config(path)["model"] == "tiny-random" and not list(tmp_path.glob(".*tmp"))
+    text = path.read_text()
+    path.write_text(text[: text.index("model:")])  # cut before the model line
+    res = runner.invoke(build_app(), ["train", "--resume", str(tmp_path), "--max-steps", "1"])
+    assert res.exit_code == 1 and f"{path} is incomplete (no model" in " ".join(res.output.split())
+    assert "Traceback" not in res.output

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 import tomllib
 from pathlib import Path
 from typing import Any, Literal
@@ -15,7 +16,7 @@ from rllm_core.algorithms.names import AGG_MODES, ESTIMATORS, LOSSES, REJECTION_
 from rllm_core.errors import ConfigError
 from rllm_core.training.roles import check_policy_spec, parse_role_map
 
-__all__ = ["TrainConfig", "load_config"]
+__all__ = ["TrainConfig", "load_config", "load_run_config"]
 
 
 class TrainConfig(BaseModel):
@@ -232,7 +233,34 @@ class TrainConfig(BaseModel):
         return self
 
     def dump_yaml(self, path: str | Path) -> None:
-        Path(path).write_text(yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False), encoding="utf-8")
+        """Write atomically (a temp file, fsynced, then renamed): a crash mid-write must not leave a truncated
+        config.yaml, which a later --resume would fill with defaults (another model) without a word."""
+        target = Path(path)
+        tmp = target.with_name(f".{target.name}.{os.getpid()}.tmp")
+        with open(tmp, "w", encoding="utf-8") as f:
+            f.write(yaml.safe_dump(self.model_dump(mode="json"), sort_keys=False))
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+
+
+_RESUME_ESSENTIALS = ("benchmark", "model", "backend", "lora_rank", "roles", "algo", "output")
+"""Options every config.yaml that rllm train wrote has, and that a resume must not take from the defaults (the
+model's weights and shapes, what is trained and where). Options added in later versions may be missing from
+an older run's file: they take their defaults, as they did when it was written."""
+
+
+def load_run_config(path: Path) -> dict[str, Any]:
+    """A run's saved config.yaml for --resume: every option the run was written with must be there. A file
+    with some missing (cut short by a crash, or edited) is refused, naming the file and the options, instead of
+    resuming with defaults in their place (e.g. the default model, then "weights missing")."""
+    data = _read_file(path)
+    missing = [name for name in _RESUME_ESSENTIALS if name not in data]
+    if missing:
+        shown = ", ".join(missing[:5]) + (f" and {len(missing) - 5} more" if len(missing) > 5 else "")
+        raise ConfigError(f"{path} is incomplete (no {shown}): it was cut short or edited; restore it (rllm train "
+                          "rewrites it whole at every start) or start a new run")
+    return data
 
 
 def _read_file(path: str | Path) -> dict[str, Any]:

@@ -20,7 +20,7 @@ from rich.markup import escape
 
 from rllm_core.errors import ConfigError, RLLMError
 from rllm_core.hookspecs import hookimpl
-from rllm_core.training.config import TrainConfig, load_config
+from rllm_core.training.config import TrainConfig, load_config, load_run_config
 
 __all__ = ["rllm_register_commands", "train_command"]
 
@@ -104,6 +104,7 @@ def _run(benchmark: str | None, config_file: Path | None, resume: Path | None, p
             saved = resume / "config.yaml"
             if not saved.is_file():
                 raise ConfigError(f"--resume {resume}: no config.yaml there; is it a run directory of `rllm train`?")
+            load_run_config(saved)  # refuses a cut-short file before its gaps become defaults
             base = load_config(saved).model_dump()
             if config_file is not None:
                 base.update(load_config(config_file).model_dump(exclude_unset=True))
