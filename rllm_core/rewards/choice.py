@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 
-from rllm_core.rewards.extract import boxed_spans, extract_choice, settle, strip_thinking
+from rllm_core.rewards.extract import boxed_spans, extract_choice, settle, strip_thinking, unfullwidth
 from rllm_core.rewards.types import RewardResult
 
 __all__ = ["choice_letters", "extract_choice", "grade_choice"]
@@ -36,6 +36,7 @@ _STRONG = [
     r"\b(?:choose|select|pick|go with|opt for|corresponds to|matches)\b(?:\s+(?:the\s+)?(?:option|choice|answer))?",
     r"\b(?:is|be)\s+(?:option|choice)\b",
     r"\bfinal\b\W{0,3}[:=]",
+    r"(?:答案|选项|正确答案)\s*(?:是|为|:)\s*",  # Chinese "the answer is" / "answer:" (full-width colon unfolded)
 ]
 # Weak anchors: only when the letter ends the sentence ("So C." yes, "So A is wrong" no).
 _WEAK = [
@@ -152,9 +153,22 @@ def _box_letters(box: str, letters: str) -> list[str]:
     return [x for x in found if x in letters]
 
 
+_DOUBT = re.compile(r"\b(?:maybe|perhaps|possibly|or is it|or rather|could (?:also )?be|might (?:also )?be)\s+"
+                    r"(?:(?i:option|choice)\s+)?\(?(?P<l>[A-Z])\)?(?=\s*[.?!,)]|\s*$)", flags=re.IGNORECASE)
+
+
+def _doubted_after(final: str, letter: str, letters: str) -> list[str]:
+    """Other letters the reply entertains after its last mention of `letter` ("Answer: B. Wait, maybe D"):
+    a doubt that follows the answer unsettles it, so it is a hedge; one raised before the answer is not."""
+    last = max((m.start() for m in re.finditer(rf"(?<![A-Za-z]){letter}(?![A-Za-z])", final)), default=0)
+    return [m.group("l").upper() for m in _DOUBT.finditer(final, last)
+            if m.group("l").upper() in letters and m.group("l").upper() != letter
+            and (m.group("l").isupper() or m.group(0).rstrip().endswith(")"))]
+
+
 def choice_letters(text: str, letters: str = "ABCDEFGHIJ") -> list[str]:
     """The distinct letters the reply commits to: [] for none, one letter, or several when it hedges."""
-    final = strip_thinking(text)
+    final = strip_thinking(unfullwidth(text))
     if final is None:
         return []
     boxes = boxed_spans(final)
@@ -162,6 +176,8 @@ def choice_letters(text: str, letters: str = "ABCDEFGHIJ") -> list[str]:
         return []
     hits = [(a, b, got) for a, b, box in boxes if (got := _box_letters(box, letters))]
     found = settle(hits, final) or _statement(final, letters) or _closing_line(final, letters) or []
+    if len(found) == 1:
+        found = [*found, *_doubted_after(final, found[0], letters)]
     return list(dict.fromkeys(found))
 
 

@@ -35,6 +35,7 @@ __all__ = [
     "extract_tag",
     "settle",
     "strip_thinking",
+    "unfullwidth",
 ]
 
 ExtractorName = Literal["boxed", "hash", "last_number", "boxed_or_last_number", "choice", "tag", "text"]
@@ -374,11 +375,20 @@ def extract_answers(text: str, how: ExtractorName = "boxed_or_last_number") -> l
         extractor = _EXTRACTORS[how]
     except KeyError:
         raise ValueError(f"unknown extractor {how!r}; use one of {sorted(_EXTRACTORS)}") from None
-    final = strip_thinking(text)
+    final = strip_thinking(unfullwidth(text))
     if final is None:
         return None
     found = _distinct(extractor(final) or [])
     return found or None
+
+
+_FULLWIDTH = {**{c: c - 0xFEE0 for c in range(0xFF01, 0xFF5F)}, 0x3000: 0x20}
+
+
+def unfullwidth(text: str) -> str:
+    """Full-width ASCII (`（Ｂ）`, `１８`, from CJK input methods) as plain ASCII: the same answer, typed
+    otherwise. Only that block: NFKC would also turn `cm²` into `cm2` and `½` into `1⁄2`."""
+    return text.translate(_FULLWIDTH)
 
 
 def extract_answer(text: str, how: ExtractorName = "boxed_or_last_number") -> str | None:

@@ -20,7 +20,7 @@ from fractions import Fraction
 from typing import Any
 
 from rllm_core.rewards._time_limit import call_with_time_limit
-from rllm_core.rewards.extract import MAX_ANSWERS, ExtractorName, extract_answers
+from rllm_core.rewards.extract import MAX_ANSWERS, ExtractorName, boxed_spans, extract_answers, unfullwidth
 from rllm_core.rewards.types import RewardResult
 
 __all__ = ["grade_math", "math_equal", "normalize_answer"]
@@ -31,7 +31,11 @@ log = logging.getLogger("rllm.rewards.math")
 for _name in ("math_verify.utils", "math_verify.parser", "math_verify.grader"):
     logging.getLogger(_name).setLevel(logging.ERROR)
 
-_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:/\d+)?")
+_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:/\d+|[eE][-+]?\d{1,4})?")
+_APPROX = re.compile(r"^\s*(?:\\boxed\s*\{\s*)?\$?\s*(?:\\approx|≈|\\sim\b)")
+_REVISION = re.compile(r"\b(?:wait|actually|hmm+|no|oops|correction|mistake|sorry|rather|instead)\b", re.IGNORECASE)
+_RESTATED = re.compile(r"\b(?:it'?s|it’s|it is|is actually|should be|must be|the answer is|answer is|answer:|i mean)"
+                       r"\s*\$?\\?(?:boxed\{)?\s*(?P<n>[-+]?\d[\d,]*(?:\.\d+)?)", re.IGNORECASE)
 _THOUSANDS = re.compile(r"(?<![\d.,])\d{1,3}(?:(?:,|\{,\}|\\,|\\ )\d{3})+(?![\d]|,\d)")
 _WRAPPERS = re.compile(r"^\\(?:text|textbf|mathrm|mathbf|textrm|mbox|rm|displaystyle|boxed)\s*\{(.*)\}$", re.DOTALL)
 _CONNECTORS = {"or", "and", "to", "plus", "minus", "times", "over", "either", "not", "no"}
@@ -183,7 +187,17 @@ def _close(g: Fraction, a: Fraction) -> bool:
 
 
 def math_equal(gold: str, answer: str, timeout_s: float = 5.0) -> bool:
-    """True when `answer` is mathematically the same as `gold`; raises TimeoutError past `timeout_s`."""
+    """True when `answer` is mathematically the same as `gold`; raises TimeoutError past `timeout_s`.
+    An approximation (`\\approx 18`) is not an exact answer (18, 1/3), only a rounded one (`\\approx 3.14` for
+    3.14, itself rounded); a percentage also
+    matches its fraction (`50\\%` is 0.5 and 1/2) where the gold is written without a percent sign."""
+    if _APPROX.search(answer) and not _APPROX.search(gold) and not _rounded(gold):
+        return False
+    if _PERCENT.search(answer) and not _PERCENT.search(gold):
+        value = _as_number(normalize_answer(answer))
+        g_value = _as_number(normalize_answer(gold))
+        if value is not None and g_value is not None and _close(g_value, value / 100):
+            return True
     g, a = normalize_answer(gold), normalize_answer(answer)
     a_value, g_value = _equation_value(a), _equation_value(g)
     a = a if a_value is None else a_value  # "" (a false equation) stays "": no answer
@@ -196,6 +210,31 @@ def math_equal(gold: str, answer: str, timeout_s: float = 5.0) -> bool:
     if g == a or (re.fullmatch(r"[A-Za-z][A-Za-z ]+", g) and g.lower() == a.lower()):
         return True
     return bool(call_with_time_limit(_verify, timeout_s, g, a))
+
+
+def _rounded(gold: str) -> bool:
+    """Whether the gold answer is a decimal with a fractional part (3.14: a rounded value, which an answer
+    written as `\\approx 3.14` states honestly); an integer or a fraction is exact."""
+    return bool(re.fullmatch(r"[-+]?\d*\.\d+", normalize_answer(gold)))
+
+
+def _revised_after_box(response: str, answers: list[str]) -> str | None:
+    """The other number a reply settles on after its last box ("\\boxed{18} ... wait, no, it's 19"), or None.
+    A box followed by a retraction is not a committed answer: rewarding it would teach the policy to box one
+    value and name another. Checks that only repeat the boxed value ("wait, let me check: it's 18") pass."""
+    spans = boxed_spans(unfullwidth(response))
+    if not spans or len(answers) != 1:
+        return None
+    tail = unfullwidth(response)[spans[-1][1]:]
+    marker = _REVISION.search(tail)
+    if marker is None:
+        return None
+    boxed = _as_number(normalize_answer(answers[0]))
+    for m in _RESTATED.finditer(tail, marker.start()):
+        said = _as_number(m.group("n").replace(",", ""))
+        if said is not None and (boxed is None or not _close(boxed, said)):
+            return m.group("n")
+    return None
 
 
 def _all_agree(answers: list[str], timeout_s: float) -> bool:
@@ -217,6 +256,9 @@ def grade_math(response: str, gold: Any, extractor: ExtractorName = "boxed_or_la
     if not answers:
         return RewardResult.fail("no_answer_extracted")
     extracted = ", ".join(answers)
+    if (revised := _revised_after_box(response or "", answers)) is not None:
+        return RewardResult.fail("wrong_answer", extracted, hedged=[*answers, revised],
+                                 note=f"the reply boxes {extracted} and then says {revised}")
     if len(answers) > max(MAX_ANSWERS, normalize_answer(gold).count(",") + 1):  # a shotgun, unless gold is a list
         return RewardResult.fail("wrong_answer", extracted, hedged=answers[:MAX_ANSWERS],
                                  note=f"{len(answers)} different answers")
