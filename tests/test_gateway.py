@@ -184,8 +184,10 @@ def test_bearer_token_required_and_upstream_key_never_leaks(fake_upstream, caplo
     assert "sk-upstream-secret" not in repr(up) and "sk-upstream-secret" not in str(up)
     with start_gateway([up], api_key="gw-key") as gw:
         assert "sk-upstream-secret" not in repr(gw)
-        r = httpx.post(gw.session_base_url("a") + "/chat/completions", json={"model": "m", "messages": MSGS})
-        assert r.status_code == 401 and "Bearer" in r.json()["error"]["message"]
+        r = httpx.post(f"{gw.url}/sessions/a/v1/chat/completions", json={"model": "m", "messages": MSGS})
+        assert r.status_code == 401 and "session URL" in r.json()["error"]["message"]  # unsigned: a token needed
+        r = httpx.post(f"{gw.url}/v1/chat/completions", json={"model": "m", "messages": MSGS})
+        assert r.status_code == 401 and "Bearer" in r.json()["error"]["message"]  # the default session too
         assert httpx.get(f"{gw.url}/sessions/a/steps").status_code == 401
         assert httpx.post(f"{gw.url}/sessions/a/take").status_code == 401
         client = openai.OpenAI(base_url=gw.session_base_url("a"), api_key="gw-key", max_retries=0)

@@ -153,7 +153,8 @@ def test_client_disconnect_mid_stream_is_recorded_and_gateway_keeps_serving():
         assert step.completion_token_ids and set(step.completion_token_ids) == {100}
         assert len(step.logprobs or []) == len(step.completion_token_ids)
         # a full stream afterwards is still served and recorded
-        with httpx.stream("POST", url.replace("/d/", "/d2/"), json={**BODY, "stream": True}, timeout=30,
+        with httpx.stream("POST", gw.session_base_url("d2") + "/chat/completions", json={**BODY, "stream": True},
+                          timeout=30,
                           headers=auth(gw)) as r:
             body = r.read()
         assert body.rstrip().endswith(b"[DONE]")

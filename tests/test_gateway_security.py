@@ -1,6 +1,6 @@
 """Gateway security: every gateway has a client token (generated when none is given, the shared in-process
 one included), the scheme is matched case-insensitively, only the LLM routes reach the upstream, /health
-stays open, and a rollout hands the token to its agent as `config.api_key`."""
+stays open (liveness only), and an agent needs no key: the session URL a rollout hands it is signed."""
 
 from __future__ import annotations
 
@@ -22,27 +22,34 @@ BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
 
 def test_a_token_is_generated_and_required(fake_upstream: FakeUpstream) -> None:
+    """Every gateway has a token; an unsigned session path, the default session and every route that reads or
+    closes sessions need it; the session URL the gateway gives out needs nothing (its signature is the proof)."""
     up = [UpstreamConfig(url=fake_upstream.base_url)]
     with start_gateway(up) as gw, start_gateway(up) as other:
         token = gw.client_api_key
         assert token and len(token) >= 24 and token != other.client_api_key
-        url = gw.session_base_url("a") + "/chat/completions"
-        for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": token},
-                        {"Authorization": f"Basic {token}"}):
-            r = httpx.post(url, json=BODY, headers=headers)
-            assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", headers
+        plain = f"{gw.url}/sessions/a/v1/chat/completions"
+        for url in (plain, f"{gw.url}/v1/chat/completions", other.session_base_url("a") + "/chat/completions"):
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": token},
+                            {"Authorization": f"Basic {token}"}):
+                r = httpx.post(url.replace(other.url, gw.url), json=BODY, headers=headers)
+                assert r.status_code == 401 and r.json()["error"]["type"] == "authentication_error", headers
         for route in ("/sessions/a/steps", "/stats"):
             assert httpx.get(gw.url + route).status_code == 401
         assert httpx.post(f"{gw.url}/sessions/a/take").status_code == 401
         assert httpx.delete(f"{gw.url}/sessions/a").status_code == 401
         assert fake_upstream.requests == []
         for scheme in ("Bearer", "bearer", "BEARER"):  # RFC 7235: the scheme is case-insensitive
-            r = httpx.post(url, json=BODY, headers={"Authorization": f"{scheme}  {token}"})
+            r = httpx.post(plain, json=BODY, headers={"Authorization": f"{scheme}  {token}"})
             assert r.status_code == 200, scheme
+        for headers in ({}, {"Authorization": "Bearer EMPTY"}, {"x-api-key": "sk-agent"}):  # the session URL
+            r = httpx.post(gw.session_base_url("a") + "/chat/completions", json=BODY, headers=headers)
+            assert r.status_code == 200, headers
         health = httpx.get(f"{gw.url}/health")  # open: load balancers and probes carry no token
-        assert health.status_code == 200 and health.json()["status"] == "ok"
-        assert len(gw.take_steps("a")) == 3
-    assert len(fake_upstream.authorizations) == 3 and token not in str(fake_upstream.authorizations)  # not sent on
+        assert health.status_code == 200 and health.json() == {"status": "ok"}  # liveness only, no upstream URL
+        assert len(gw.take_steps("a")) == 6
+    assert len(fake_upstream.authorizations) == 6 and token not in str(fake_upstream.authorizations)  # not sent on
+    assert "EMPTY" not in str(fake_upstream.authorizations)  # nor the agent's own key
 
 
 @pytest.mark.parametrize(("method", "path", "status"), [
@@ -78,23 +85,26 @@ def test_no_auth_only_on_loopback(fake_upstream: FakeUpstream) -> None:
 
 
 @rllm.rollout
-def token_agent(task: rllm.Task, config: rllm.RolloutConfig) -> str:
-    no_key = openai.OpenAI(base_url=config.base_url, api_key="EMPTY", max_retries=0)
-    with pytest.raises(openai.AuthenticationError, match=r"config\.api_key"):  # the error says what to send
-        no_key.chat.completions.create(model=config.model, messages=BODY["messages"])  # type: ignore[arg-type]
-    client = openai.OpenAI(base_url=config.base_url, api_key=config.api_key, max_retries=0)
-    reply = client.chat.completions.create(model=config.model, messages=BODY["messages"])  # type: ignore[arg-type]
-    return f"{config.api_key}|{reply.choices[0].message.content}"
+def key_agent(task: rllm.Task, config: rllm.RolloutConfig) -> str:
+    """An agent that sends a placeholder, the token, and then no Authorization at all: all three work."""
+    replies = []
+    for key in ("EMPTY", config.api_key):
+        client = openai.OpenAI(base_url=config.base_url, api_key=key, max_retries=0)
+        reply = client.chat.completions.create(model=config.model, messages=BODY["messages"])  # type: ignore
+        replies.append(reply.choices[0].message.content)
+    raw = httpx.post(config.base_url + "/chat/completions", json={**BODY, "model": config.model})
+    return "|".join([*replies, raw.json()["choices"][0]["message"]["content"]])
 
 
-def test_the_shared_gateway_s_token_reaches_the_agent_in_a_real_rollout(fake_upstream: FakeUpstream) -> None:
-    ep = token_agent.run({"id": "tok"}, base_url=fake_upstream.base_url, model="m")
+def test_any_key_the_agent_sends_works_in_a_real_rollout(fake_upstream: FakeUpstream) -> None:
+    ep = key_agent.run({"id": "tok"}, base_url=fake_upstream.base_url, model="m")
     shared = shared_gateway([UpstreamConfig(url=fake_upstream.base_url)])
     token = shared.client_api_key
     assert ep.error is None, ep.error
-    assert token and ep.artifacts["answer"] == f"{token}|ok: hi" and len(ep.steps) == 1
-    assert ep.steps[0].token_source == "server"
+    assert token and ep.artifacts["answer"] == "ok: hi|ok: hi|ok: hi" and len(ep.steps) == 3
+    assert all(s.token_source == "server" for s in ep.steps)
     assert shared.remote().client_api_key == token  # what Ray workers are handed
+    assert shared.remote().session_base_url("x") == shared.session_base_url("x")  # they mint the same URLs
 
 
 @pytest.mark.slow
@@ -112,10 +122,14 @@ def test_cli_generates_and_prints_a_token_or_takes_it_from_the_environment(fake_
             url = proc.stdout.readline().strip()  # type: ignore[union-attr]
             token = proc.stdout.readline().strip()  # type: ignore[union-attr]
             assert url == f"http://127.0.0.1:{port}" and token == (env_key or token) and len(token) >= 8
+            ready = proc.stdout.readline().strip()  # type: ignore[union-attr]  # a session URL, any key works
             r = httpx.post(f"{url}/sessions/c/v1/chat/completions", json=BODY,
                            headers={"Authorization": f"Bearer {token}"})
             assert r.status_code == 200
             assert httpx.post(f"{url}/sessions/c/v1/chat/completions", json=BODY).status_code == 401
+            assert ready.startswith(f"{url}/sessions/session-") and ready.endswith("/v1")
+            client = openai.OpenAI(base_url=ready, api_key="EMPTY", max_retries=0)  # the vLLM way: a placeholder
+            assert client.chat.completions.create(model="m", messages=BODY["messages"]).choices  # type: ignore
         finally:
             proc.terminate()
             proc.wait(10)

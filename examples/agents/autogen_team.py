@@ -5,12 +5,12 @@ the problem out, `checker` re-checks it and gives the final answer; the chat end
 (`ROUNDS` solver/checker exchanges). Built for arithmetic / gsm8k-style tasks: the episode's answer is the
 checker's last message, graded by the benchmark (the last number in it, for `arithmetic`).
 
-The only rllm lines are in the rollout function `team` at the bottom: it points the model client at the
-episode's gateway session (`config.base_url` / `config.api_key`, with `model_info` because AutoGen refuses a model
+The only rllm lines are in the rollout function `team` at the bottom: it points the model client at the episode's
+gateway session (`config.base_url`, a placeholder key as with vLLM, `model_info` because AutoGen refuses a model
 name it does not know, such as a local model's), samples with the run's settings (`config.sampling`, a seed per
-agent from `config.call_seed`), and wraps the team with `rllm_adapters.autogen.wrap_team`, which names every
-call after the agent that made it. So each episode has two trajectories, "solver" and "checker", and training
-sees them as two roles (`--algo` may map each role to its own estimator in a config file).
+agent from `config.call_seed`), and wraps the team with `rllm_adapters.autogen.wrap_team`, which names every call
+after the agent that made it. So each episode has two trajectories, "solver" and "checker", and training sees them
+as two roles (`--algo` may map each role to its own estimator in a config file).
 
     rllm train arithmetic --agent examples/agents/autogen_team.py:team --max-steps 20
     rllm eval arithmetic --agent examples/agents/autogen_team.py:team --max-examples 20
@@ -64,7 +64,7 @@ async def team(task: rllm.Task, config: rllm.RolloutConfig) -> dict[str, Any]:
                                 if sampling.get(k) is not None}
         if (seed := config.call_seed(index)) is not None:
             args["seed"] = seed
-        return OpenAIChatCompletionClient(model=config.model, base_url=config.base_url, api_key=config.api_key,
+        return OpenAIChatCompletionClient(model=config.model, base_url=config.base_url, api_key="EMPTY",
                                           model_info=MODEL_INFO, max_retries=0, **args)
 
     clients = [client(0), client(1)]

@@ -70,7 +70,7 @@ def build_graph(llm: ChatOpenAI) -> Any:
 @rllm.rollout(name="langgraph_bash")
 def solve(task: rllm.Task, config: Any) -> dict[str, Any]:
     sampling = config.sampling
-    llm = ChatOpenAI(base_url=config.base_url, api_key=config.api_key, model=config.model, max_retries=0,
+    llm = ChatOpenAI(base_url=config.base_url, api_key="EMPTY", model=config.model, max_retries=0,
                      temperature=sampling.get("temperature"), max_tokens=sampling.get("max_tokens"))
     workdir = current_sandbox().workdir
     system = (f"You are solving a task in a Linux shell; your working directory is {workdir}. Run commands with "

@@ -153,7 +153,7 @@ def play(llm: ChatOpenAI, instruction: str, desc: list[str], max_turns: int,
 @rllm.rollout(name="langgraph_frozenlake")
 def agent(task: rllm.Task, config: rllm.RolloutConfig) -> dict[str, Any]:
     sampling = config.sampling
-    llm = ChatOpenAI(base_url=config.base_url, api_key=SecretStr(config.api_key), model=config.model, max_retries=0,
+    llm = ChatOpenAI(base_url=config.base_url, api_key=SecretStr("EMPTY"), model=config.model, max_retries=0,
                      temperature=sampling.get("temperature"), max_completion_tokens=sampling.get("max_tokens"),
                      top_p=sampling.get("top_p"))
     # task.instruction is the benchmark's prompt: the rules and the map with the start marked P

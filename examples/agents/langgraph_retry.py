@@ -80,7 +80,7 @@ def build_graph(llm: ChatOpenAI, expected: str, max_tries: int = MAX_TRIES,
 @rllm.rollout(name="langgraph_retry")
 def agent(task: rllm.Task, config: rllm.RolloutConfig) -> dict[str, Any]:
     sampling = config.sampling
-    llm = ChatOpenAI(base_url=config.base_url, api_key=config.api_key, model=config.model, max_retries=0,
+    llm = ChatOpenAI(base_url=config.base_url, api_key="EMPTY", model=config.model, max_retries=0,
                      temperature=sampling.get("temperature"), max_tokens=sampling.get("max_tokens"),
                      top_p=sampling.get("top_p"))
     start: State = {"messages": [HumanMessage(str(task.instruction))], "tries": 0, "solved": False}

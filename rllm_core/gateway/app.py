@@ -11,11 +11,13 @@ Routes (each also without the `/sessions/{id}` prefix, the session then taken fr
     GET    /stats                                                 store and lifecycle counters
     GET    /health, /openapi.json                                 open: no token needed
 
-Every route but /health needs `Authorization: Bearer <token>` (scheme case-insensitive) when the gateway has a
-token, which it has unless started with auth off. Nothing else under /v1 reaches the upstream (no files,
-fine-tuning, ...): other paths get an OpenAI-style 404 or 405 naming what is allowed. A taken or deleted session
-is closed: a new call for it gets 410, a step of a call still in flight at the take is dropped and counted
-(store.py has the lifecycle).
+When the gateway has a token (unless started with auth off), an LLM call under a signed session path
+(`/sessions/<name>~<sig>/v1`, capability.py: the URL a rollout hands its agent) needs nothing more: the agent's
+own key, whatever it is, is ignored and never forwarded. Every other route but /health and /openapi.json needs
+`Authorization: Bearer <token>` (scheme case-insensitive); docs/gateway.md has who can reach what.
+Nothing else under /v1 reaches the upstream (no files, fine-tuning, ...): other paths get an OpenAI-style 404 or
+405 naming what is allowed. A taken or deleted session is closed: a new call for it gets 410, a step of a call
+still in flight at the take is dropped and counted (store.py has the lifecycle).
 
 aiohttp on both sides (server and upstream client): a FastAPI + httpx hop measured ~3.4 ms CPU per call
 here, aiohttp ~1.0 ms. A Step is recorded before the last byte (`[DONE]`) reaches the client, so a rollout
@@ -40,6 +42,7 @@ from rllm_core.capture.responses import make_assembler
 from rllm_core.capture.retokenize import resolve_tokenizer
 from rllm_core.context import AGENT_HEADER, SESSION_HEADER
 from rllm_core.errors import CaptureError
+from rllm_core.gateway.capability import split_segment, verify_segment
 from rllm_core.gateway.config import GatewayConfig
 from rllm_core.gateway.router import Upstream, UpstreamRouter
 from rllm_core.gateway.store import DEFAULT_SESSION, IN_FLIGHT_HEADER, MemoryStore, Store, TakeResult
@@ -119,6 +122,25 @@ class _Gateway:
                            "as config.api_key; a GatewayHandle has it as .client_api_key; `rllm gateway` prints it)",
                       "authentication_error")
 
+    def _session(self, request: web.Request) -> tuple[str, web.Response | None]:
+        """(session name, None) for an LLM call the gateway may serve, else (name, the 401 to send).
+
+        A session path carrying its signature (`/sessions/<name>~<sig>/v1`, capability.py) is its own proof:
+        the agent's key, whatever it is ("EMPTY", an env key, none), is not looked at. A session path without
+        one, or the default session (`/v1`, an `X-RLLM-Session` header), needs the bearer token."""
+        segment = request.match_info.get("session_id")
+        if segment is None:
+            name = request.headers.get(SESSION_HEADER) or DEFAULT_SESSION
+            return name, self._denied(request)
+        name, _ = split_segment(segment)
+        if self._token is None or verify_segment(segment, self.config.api_key or "") is not None:
+            return name, None
+        if self._denied(request) is None:
+            return name, None
+        return name, _error(401, f"session {name!r}: this URL is not a session URL this gateway gave out (its "
+                                 "signature is missing or wrong); use the base URL the rollout passed the agent "
+                                 "(config.base_url), or send the gateway's bearer token", "authentication_error")
+
     def _record(self, session_id: str, steps: list[Step], up: Upstream | None = None) -> None:
         """Store a call's Steps. Never raises: a failing store costs the Steps (logged), never the client's reply."""
         try:
@@ -154,7 +176,7 @@ class _Gateway:
     async def get_steps(self, request: web.Request) -> web.Response:
         if (denied := self._denied(request)) is not None:
             return denied
-        return _steps_response(self.store.steps(request.match_info["session_id"]))
+        return _steps_response(self.store.steps(_name(request)))
 
     def take(self, session_id: str, take_id: str | None = None) -> TakeResult:
         """Take a session (HTTP route and in-process handle alike): free its upstream assignment and turns,
@@ -172,7 +194,7 @@ class _Gateway:
         `?take_id=` makes a retry after a lost reply return the same steps."""
         if (denied := self._denied(request)) is not None:
             return denied
-        result = self.take(request.match_info["session_id"], request.query.get("take_id") or None)
+        result = self.take(_name(request), request.query.get("take_id") or None)
         resp = _steps_response(result.steps)
         resp.headers[IN_FLIGHT_HEADER] = str(result.in_flight)
         return resp
@@ -180,20 +202,19 @@ class _Gateway:
     async def ack_take(self, request: web.Request) -> web.Response:
         if (denied := self._denied(request)) is not None:
             return denied
-        return web.json_response({"acked": self.store.ack(request.match_info["session_id"],
-                                                          request.match_info["take_id"])})
+        return web.json_response({"acked": self.store.ack(_name(request), request.match_info["take_id"])})
 
     async def delete_session(self, request: web.Request) -> web.Response:
         if (denied := self._denied(request)) is not None:
             return denied
-        sid = request.match_info["session_id"]
+        sid = _name(request)
         self.router.forget(sid)
         self.turns.forget(sid)
         return web.json_response({"deleted": self.store.delete(sid)})
 
     def stats(self) -> dict[str, object]:
         return {**self.store.stats().model_dump(), "in_flight": sum(self.in_flight.values()),
-                "refused_calls": self.refused_calls}
+                "refused_calls": self.refused_calls, "upstreams": [u.url for u in self.router.upstreams]}
 
     async def get_stats(self, request: web.Request) -> web.Response:
         if (denied := self._denied(request)) is not None:
@@ -201,17 +222,18 @@ class _Gateway:
         return web.json_response(self.stats())
 
     async def health(self, request: web.Request) -> web.Response:
-        return web.json_response({"status": "ok", "upstreams": [u.url for u in self.router.upstreams]})
+        """Liveness only: it needs no token, so it says nothing about the upstreams (/stats does, with one)."""
+        return web.json_response({"status": "ok"})
 
     # ------------------------------------------------------------------ what reaches the proxy
     async def call(self, request: web.Request) -> web.StreamResponse:
         """The gate in front of `proxy`: the token, the allowed routes, the session's lifecycle (a closed
         session gets 410: its rollout has its steps already), and the count of the session's calls in flight."""
-        if (denied := self._denied(request)) is not None:
+        sid, denied = self._session(request)
+        if denied is not None:
             return denied
         if (refused := _not_allowed(request.method, request.match_info["tail"])) is not None:
             return refused
-        sid = request.match_info.get("session_id") or request.headers.get(SESSION_HEADER) or DEFAULT_SESSION
         if self.store.is_closed(sid):
             self.refused_calls += 1
             log.warning("call %s %s for session %s refused: the session was already taken (%d refused so far)",
@@ -220,7 +242,7 @@ class _Gateway:
                                "start a new session id for new calls", "session_closed")
         self.in_flight[sid] = self.in_flight.get(sid, 0) + 1
         try:
-            return await self.proxy(request)
+            return await self.proxy(request, sid)
         finally:
             if (n := self.in_flight.get(sid, 1) - 1) > 0:
                 self.in_flight[sid] = n
@@ -228,10 +250,8 @@ class _Gateway:
                 self.in_flight.pop(sid, None)
 
     # ------------------------------------------------------------------ proxy
-    async def proxy(self, request: web.Request) -> web.StreamResponse:
-        if (denied := self._denied(request)) is not None:
-            return denied
-        sid = request.match_info.get("session_id") or request.headers.get(SESSION_HEADER) or DEFAULT_SESSION
+    async def proxy(self, request: web.Request, sid: str) -> web.StreamResponse:
+        """Forward one call of session `sid` (`call` has checked who may make it) and record it."""
         tail = request.match_info["tail"]
         endpoint = endpoint_of(tail) if request.method == "POST" else None
         if (request.content_length or 0) > self.config.max_body_bytes:
@@ -379,6 +399,12 @@ class _Gateway:
             except ConnectionError:
                 pass
         return out_resp
+
+
+def _name(request: web.Request) -> str:
+    """The session name of a `/sessions/{id}/...` route (a signed segment's name: the routes that read or close
+    a session take the bearer token, and accept the session URL's segment as well as its bare name)."""
+    return split_segment(request.match_info["session_id"])[0]
 
 
 def create_app(config: GatewayConfig, store: Store | None = None) -> web.Application:

@@ -16,6 +16,7 @@ import httpx
 from tenacity import Retrying, retry_if_exception_type, stop_after_delay, wait_exponential
 
 from rllm_core.errors import UpstreamError
+from rllm_core.gateway.capability import session_segment
 from rllm_core.gateway.store import IN_FLIGHT_HEADER, TakeResult
 from rllm_core.types import Step
 
@@ -80,7 +81,9 @@ class RemoteGateway:
         return self._api_key
 
     def session_base_url(self, session_id: str) -> str:
-        return f"{self.url}/sessions/{session_id}/v1"
+        """The session's URL, signed with the token this client holds (capability.py): minted here, in the
+        worker, with no round trip to the gateway."""
+        return f"{self.url}/sessions/{session_segment(session_id, self._api_key)}/v1"
 
     def _call(self, method: str, path: str, params: dict[str, str] | None = None,
               retry_s: float | None = None) -> httpx.Response:

@@ -22,7 +22,9 @@ _ERROR = {
 }
 _JSON_ERROR = {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}}}
 _ANY_JSON = {"content": {"application/json": {"schema": {}}}}
-_SESSION = {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1}}
+_SESSION = {"name": "session_id", "in": "path", "required": True, "schema": {"type": "string", "minLength": 1},
+            "description": "`name~sig`, the signed session URL a rollout hands its agent (no token needed on the "
+                           "LLM routes), or a bare name (bearer token needed)."}
 _HEADERS = [
     {"name": "X-RLLM-Session", "in": "header", "required": False, "schema": {"type": "string"},
      "description": "The session of a call without the /sessions/{id} prefix (else `default`)."},
@@ -92,7 +94,7 @@ OPENAPI: dict[str, Any] = {
     "security": [{"bearer": []}],
     "paths": {
         "/health": {"get": {"operationId": "health", "security": [],
-                            "responses": {"200": {"description": "Up, and its upstreams.", **_ANY_JSON}}}},
+                            "responses": {"200": {"description": "Up (liveness only).", **_ANY_JSON}}}},
         "/stats": {"get": {"operationId": "stats", "responses": {
             "200": {"description": "Store and lifecycle counters.", **_ANY_JSON},
             "401": {"description": "Missing or wrong bearer token.", **_JSON_ERROR}}}},

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
+
 import typer
 from pydantic import ValidationError
 from rich.console import Console
@@ -53,8 +55,9 @@ def gateway_command(
 ) -> None:
     """Serve an OpenAI-compatible gateway that records every call (GET /sessions/ID/steps to read them).
 
-    Clients need its token (printed, or --api-key); only chat/completions, completions, responses and models
-    reach the upstream."""
+    An agent needs only a session URL (printed; its signature is the credential): any key it sends, or none,
+    works. Reading or closing sessions needs the token (printed, or --api-key). Only chat/completions,
+    completions, responses and models reach the upstream."""
     from rllm_core.gateway.config import DEFAULT_MAX_BODY_BYTES, StoreLimits, UpstreamConfig  # late: light --help
     from rllm_core.gateway.server import start_gateway
 
@@ -83,11 +86,16 @@ def gateway_command(
     elif not api_key:
         console.print(f"client token (generated; choose one with --api-key or RLLM_GATEWAY_API_KEY): {token}",
                       highlight=False)
-    console.print(f"rllm gateway on [bold]{handle.url}[/bold] → {', '.join(u.url for u in ups)}; "
-                  f"sessions at {handle.url}/sessions/<id>/v1; store {store} (Ctrl-C to stop)")
-    typer.echo(handle.url, err=False)  # stdout, for scripts: line 1 the URL, line 2 the token
+    ready = handle.session_base_url(f"session-{secrets.token_hex(4)}")
+    console.print(f"rllm gateway on [bold]{handle.url}[/bold] → {', '.join(u.url for u in ups)}; store {store} "
+                  "(Ctrl-C to stop)", highlight=False)
+    console.print(f"an agent's base_url, any API key or none (its calls are recorded under that session): {ready}"
+                  + ("; mint more with RemoteGateway(url, token).session_base_url(NAME)" if token else ""),
+                  highlight=False)
+    typer.echo(handle.url, err=False)  # stdout, for scripts: line 1 the URL, line 2 the token, then a session URL
     if token is not None:
         typer.echo(token, err=False)
+    typer.echo(ready, err=False)
     try:
         wait_for_stop_signal()
     finally:

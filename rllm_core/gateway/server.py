@@ -15,6 +15,7 @@ from aiohttp import web
 from rllm_core.capture.request import is_loopback
 from rllm_core.errors import ConfigError
 from rllm_core.gateway.app import GATEWAY_KEY, ROUTER_KEY, create_app
+from rllm_core.gateway.capability import session_segment
 from rllm_core.gateway.client import RemoteGateway
 from rllm_core.gateway.config import DEFAULT_MAX_BODY_BYTES, GatewayConfig, StoreLimits, UpstreamConfig
 from rllm_core.gateway.store import Store, TakeResult, open_store
@@ -63,8 +64,9 @@ class GatewayHandle:
         return self.config.api_key
 
     def session_base_url(self, session_id: str) -> str:
-        """The OpenAI base URL for one session: give it to the agent as `base_url`."""
-        return f"{self.url}/sessions/{session_id}/v1"
+        """The OpenAI base URL for one session: give it to the agent as `base_url`. It carries the session's
+        signature (capability.py), so the agent needs no key: any key it sends, or none, works."""
+        return f"{self.url}/sessions/{session_segment(session_id, self.config.api_key)}/v1"
 
     def steps(self, session_id: str) -> list[Step]:
         return self.store.steps(session_id)
