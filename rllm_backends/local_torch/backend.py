@@ -102,10 +102,10 @@ class LocalTorchBackend(BackendBase):
         return self.policy_version
 
     def save(self, path: Path) -> None:
+        """A model directory any tool loads (checkpoint_io.py), with the resume state beside it."""
         self._require()
-        self.trainer.save(path)
-        state = {"policy_version": self.policy_version, "model": self.config.model if self.config else None}
-        (Path(path) / "local_backend.json").write_text(json.dumps(state))
+        self.trainer.save(path, tokenizer=self.tokenizer, base_model=self.config.model if self.config else None,
+                          policy_version=self.policy_version)
 
     def load(self, path: Path) -> None:
         """Restore trainer state and push the restored weights into the server (it serves them at once)."""

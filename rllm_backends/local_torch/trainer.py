@@ -410,26 +410,24 @@ class TorchTrainer:
         finally:
             peft_model.unmerge_adapter()
 
-    def save(self, path: Path) -> None:
-        """`trainer.pt`: everything a resume needs. With --roles also `adapters/<name>/` per adapter (peft's
-        save_pretrained), so each role's policy loads on its own: `PeftModel.from_pretrained(base, dir)`."""
-        torch.save({"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                    "scheduler": self.scheduler.state_dict(), "step": self.step}, Path(path) / "trainer.pt")
-        if self.adapters:
-            peft_model: Any = self.model
-            for name in self.adapters:  # a named (non-"default") adapter goes into <dir>/<name>/
-                peft_model.save_pretrained(str(Path(path) / "adapters"), selected_adapters=[name])
+    def save(self, path: Path, tokenizer: Any = None, base_model: str | None = None, policy_version: int = 0
+             ) -> None:
+        """A model directory (checkpoint_io.py): save_pretrained weights or peft adapters (one per role with
+        --roles), the tokenizer, and the optimizer/schedule/RNG state beside them."""
+        from rllm_backends.local_torch.checkpoint_io import save_model_dir
+
+        save_model_dir(self, Path(path), tokenizer, base_model, policy_version)
 
     def load(self, path: Path) -> None:
-        file = Path(path) / "trainer.pt"
-        if not file.is_file():
-            raise TrainingError(f"checkpoint {path} has no trainer.pt; it was not written by the local backend")
-        state = torch.load(file, map_location=self.device, weights_only=True)
-        _check_fits(self.model.state_dict(), state["model"], path)
-        self.model.load_state_dict(state["model"])
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.scheduler.load_state_dict(state["scheduler"])
-        self.step = int(state["step"])
+        """Restore from a checkpoint directory, or from an older run's `trainer.pt`."""
+        from rllm_backends.local_torch.checkpoint_io import LEGACY_FILE, load_model_dir
+
+        path = Path(path)
+        if not any((path / f).exists() for f in (LEGACY_FILE, "model.safetensors", "adapter_model.safetensors",
+                                                  "adapters")):
+            raise TrainingError(f"checkpoint {path} holds no weights (model.safetensors, adapter_model.safetensors, "
+                                "adapters/ or trainer.pt); it was not written by the local backend")
+        load_model_dir(self, path)
 
 
 def _wrap_lora(model: torch.nn.Module, config: TrainConfig, adapters: Sequence[str]) -> Any:

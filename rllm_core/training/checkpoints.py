@@ -60,10 +60,20 @@ def _complete(checkpoints_dir: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(p.name.split("_", 1)[1]))
 
 
+RESUME_ONLY_FILES = ("trainer_state.pt",)
+"""Files only a resume from the newest checkpoint needs (the optimizer, twice the weights' bytes): older kept
+checkpoints drop them and keep their weights, still loadable, evaluable and exportable."""
+
+
 def _prune(checkpoints_dir: Path, keep: int, newest: Path) -> None:
+    complete = _complete(checkpoints_dir)
+    for old in complete:
+        if old != newest:
+            for name in RESUME_ONLY_FILES:
+                (old / name).unlink(missing_ok=True)
     if keep <= 0:
         return
-    for old in _complete(checkpoints_dir)[:-keep]:
+    for old in complete[:-keep]:
         if old != newest:
             shutil.rmtree(old, ignore_errors=True)
 

@@ -296,19 +296,32 @@ def model_dir(name_or_path: str) -> str:
         return str(_smollm2_cache())
     if name_or_path == "tiny-random":
         return str(_tiny_random_cache())
+    from rllm_backends.local_torch.run_model import checkpoint_info, resolve_checkpoint
+
+    if (ckpt := resolve_checkpoint(name_or_path)) is not None:  # a run: its checkpoint is a model directory
+        if checkpoint_info(ckpt).kind != "full":
+            raise ConfigError(f"{ckpt} holds LoRA adapters: merge them first (rllm export {name_or_path} -o DIR "
+                              "--merge-lora) and serve DIR")
+        return str(ckpt)
     return os.path.expanduser(name_or_path)
 
 
 @_quiet_hf_progress()
 def load_model(name_or_path: str = "smollm2-135m", dtype: torch.dtype = torch.float32,
-               device: str = "cpu") -> LoadedModel:
+               device: str = "cpu", resolve_runs: bool = True) -> LoadedModel:
     """Load a causal LM and its tokenizer, in eval mode on `device`.
 
-    `name_or_path` is ``smollm2-135m`` (embedded, offline), ``tiny-random`` (seeded, seconds), a local
+    `name_or_path` is ``smollm2-135m`` (embedded, offline), ``tiny-random`` (seeded, seconds), a run of
+    `rllm train` (``runs/x``, ``runs/x:step_40``, a checkpoint directory: run_model.py), a local model
     directory, or a Hugging Face id. Raises ConfigError with what to do when it cannot be found.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    if resolve_runs and name_or_path not in BUILTIN_MODELS:
+        from rllm_backends.local_torch.run_model import load_checkpoint_model, resolve_checkpoint
+
+        if (ckpt := resolve_checkpoint(name_or_path)) is not None:
+            return load_checkpoint_model(ckpt, dtype=dtype, device=device)
     if name_or_path == "tiny-random":
         model, tok = _tiny_random(dtype)
     else:
@@ -316,6 +329,9 @@ def load_model(name_or_path: str = "smollm2-135m", dtype: torch.dtype = torch.fl
         if path.startswith(("/", ".")) and not Path(path).is_dir():
             raise ConfigError(f"no model directory at {path!r}; give a folder with config.json and safetensors, a "
                               f"Hugging Face id, or one of the built-in names {', '.join(BUILTIN_MODELS)}")
+        if Path(path).is_dir() and not (Path(path) / "config.json").is_file():
+            raise ConfigError(f"{path} holds no model: expected a run directory of rllm train (checkpoints/ inside), "
+                              "a checkpoint directory (checkpoints/step_N), or a model directory with config.json")
         offline = None if Path(path).is_dir() else _hub_unreachable()
         try:
             tok = AutoTokenizer.from_pretrained(path, local_files_only=offline is not None)
