@@ -151,3 +151,11 @@ def test_bad_runs_and_damaged_files_are_one_line(tmp_path: Path) -> None:
 
     with pytest.raises(TrainingError, match=r"trainer_state\.pt is damaged"):
         _torch_load(state)
+
+
+def test_saved_tokenizers_say_no_cleanup(full_run: tuple[Path, dict[str, torch.Tensor]]) -> None:
+    """Every checkpoint's tokenizer says clean_up_tokenization_spaces: false, so no transformers version warns
+    about it on each decode (nor strips the space of " ." from byte-level BPE text)."""
+    run, _ = full_run
+    config = json.loads((run / "checkpoints" / "step_2" / "tokenizer_config.json").read_text())
+    assert config["clean_up_tokenization_spaces"] is False

@@ -145,7 +145,9 @@ def _checkpoint_tokenizer(ckpt: Path) -> Any:
         return None
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(str(ckpt))
+    from rllm_backends.local_torch.serving.models import _no_cleanup
+
+    tok = _no_cleanup(AutoTokenizer.from_pretrained(str(ckpt)))
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     return tok

@@ -205,7 +205,7 @@ def _tokenizer_cache(for_model: str = "smollm2-135m") -> Path:
 
     src = _embedded_gguf_dir(for_model)
     log.info("converting the embedded SmolLM2 tokenizer into %s (once)", target)
-    tok = AutoTokenizer.from_pretrained(src, gguf_file=EMBEDDED_GGUF)
+    tok = _no_cleanup(AutoTokenizer.from_pretrained(src, gguf_file=EMBEDDED_GGUF))
     return _write_atomically(target, tok.save_pretrained)
 
 
@@ -242,8 +242,19 @@ def load_tokenizer(name_or_path: str = "smollm2-135m") -> Any:
     from transformers import AutoTokenizer
 
     if name_or_path in BUILTIN_MODELS:
-        return AutoTokenizer.from_pretrained(_tokenizer_cache(name_or_path))
-    return AutoTokenizer.from_pretrained(name_or_path)
+        return _no_cleanup(AutoTokenizer.from_pretrained(_tokenizer_cache(name_or_path)))
+    return _no_cleanup(AutoTokenizer.from_pretrained(name_or_path))
+
+
+def _no_cleanup(tok: Any) -> Any:
+    """`clean_up_tokenization_spaces` off, said explicitly (and so saved with every checkpoint's tokenizer):
+    it is a WordPiece post-processing step that corrupts byte-level BPE text (" ." → "."), and transformers
+    warns about it on every decode of a tokenizer that leaves it unset or on."""
+    if getattr(tok, "clean_up_tokenization_spaces", False):
+        tok.clean_up_tokenization_spaces = False
+    if hasattr(tok, "init_kwargs"):
+        tok.init_kwargs["clean_up_tokenization_spaces"] = False
+    return tok
 
 
 def _tiny_random(dtype: torch.dtype) -> Any:
@@ -343,6 +354,7 @@ def load_model(name_or_path: str = "smollm2-135m", dtype: torch.dtype = torch.fl
                 f"config.json and safetensors, a Hugging Face id (needs network, HF_HUB_OFFLINE unset), or one of the "
                 f"built-in names {', '.join(BUILTIN_MODELS)}"
             ) from None
+    _no_cleanup(tok)
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
     try:
