@@ -313,6 +313,21 @@ def test_eval_with_rollout_workers_on_a_local_cluster(in_tmp: Path, no_ray_after
     assert "ray: 2 workers, 0 died, 0 episodes retried, 0 lost" in res.output
 
 
+def test_the_seed_agent_with_its_placeholder_key_on_ray_workers(in_tmp: Path, no_ray_after: None) -> None:
+    """The seed article's agent (api_key="EMPTY") in Ray actors: the session URLs the workers mint are signed, so
+    every call is recorded with no key."""
+    seed = Path(__file__).resolve().parents[1] / "examples" / "agents" / "seed.py"
+    with start_fake_upstream(_arith_responder) as up:
+        res = CliRunner().invoke(build_app(), [
+            "eval", "arithmetic", "-n", "6", "--agent", f"{seed}:solve", "--base-url", up.base_url, "--model",
+            "fake", "--max-tokens", "16", "--rollout-workers", "2", "-o", str(in_tmp / "seed"), "--no-progress",
+        ], catch_exceptions=False)
+        assert len(up.requests) == 6
+    assert res.exit_code == 0, res.output
+    eps = read_jsonl(in_tmp / "seed" / "episodes.jsonl")
+    assert len(eps) == 6 and all(e.error is None and len(e.steps) == 1 and e.steps[0].trainable for e in eps)
+
+
 def test_without_ray_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` now fails as if it were not installed
     with pytest.raises(ConfigError, match=r'pip install "rllm\[ray\]"'), connect_ray(None):

@@ -91,6 +91,12 @@ def test_rllm_train_arithmetic_with_verl_then_resume(tmp_path: Path, ray_cluster
     assert res.exit_code == 0, res.output
     records = [m for m in RunDir(out).read_metrics() if m["kind"] == "train"]
     assert [m["step"] for m in records] == [1, 2, 3] and records[-1]["policy_version"] == 3
+    # rllm export: verl's own model merger turns the FSDP checkpoint into a model directory transformers loads
+    res = CliRunner().invoke(app, ["export", str(out), "-o", str(tmp_path / "hf")])
+    assert res.exit_code == 0, res.output
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "hf").config.num_hidden_layers > 0
 
 
 class TestVerlBackendContract(BackendContract):

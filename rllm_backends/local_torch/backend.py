@@ -88,6 +88,7 @@ class LocalTorchBackend(BackendBase):
 
     def train_step(self, rows: Sequence[TrainRow]) -> dict[str, float]:
         self._require()
+        release_free_memory()  # what the rollouts freed: the update's peak then starts from what is held
         metrics = self.trainer.train_step(rows)
         release_free_memory()  # the update's transient gigabytes: RSS stays flat from step to step
         versions = [r.policy_version for r in rows if r.policy_version is not None]

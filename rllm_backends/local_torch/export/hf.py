@@ -39,6 +39,15 @@ def export_checkpoint(spec: str, out: Path, *, step: int | None = None, merge_lo
     if ckpt is None:
         raise ConfigError(f"{spec} is not a run or checkpoint of rllm train (expected a folder with checkpoints/, "
                           "or checkpoints/step_N)")
+    if fmt not in ("hf", "gguf"):
+        raise ConfigError(f"--format {fmt!r}: use hf or gguf")
+    from rllm_backends.verl.export import is_verl_checkpoint, merge_verl_checkpoint
+
+    if is_verl_checkpoint(ckpt):  # verl's FSDP shards: verl's own merger writes the model directory
+        if fmt != "hf" or merge_lora or role or dtype:
+            raise ConfigError(f"{ckpt} is a verl checkpoint: export it as is (--format hf), then convert that folder")
+        _prepare(out, force)
+        return ExportResult(ckpt, out, merge_verl_checkpoint(ckpt, out), "verl FSDP checkpoint, merged")
     info = checkpoint_info(ckpt)
     if fmt not in ("hf", "gguf"):
         raise ConfigError(f"--format {fmt!r}: use hf or gguf")
