@@ -50,8 +50,9 @@ def test_png_of_the_main_curves_reads_back(tmp_path: Path) -> None:
     image = matplotlib.image.imread(str(result.path))
     assert image.ndim == 3 and image.shape[0] > 600 and image.shape[1] > 1200  # a 3-column grid
     assert image.std() > 0.05  # drawn on, not a blank canvas
-    assert result.panels == ["reward", "accuracy", "response tokens (mean)", "KL: update vs sampler (approx_kl), vs start (kl)",
-                             "clip fraction", "entropy", "grad norm", "tokens / s", "step time (s)"]
+    assert result.panels == ["reward", "accuracy", "response tokens (mean)",
+                             "KL: update vs sampler (approx_kl), vs start (kl)", "clip fraction", "entropy",
+                             "grad norm", "tokens / s", "step time (s)"]
     assert result.records == 9 and result.partial_lines == 1
 
 
