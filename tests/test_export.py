@@ -14,8 +14,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from rllm_backends.local_torch.backend import LocalTorchBackend
-from rllm_backends.local_torch.export import export_checkpoint
 from rllm_backends.local_torch.export.gguf_writer import write_gguf
+from rllm_backends.local_torch.export.hf import export_checkpoint
 from rllm_core.cli.app import build_app
 from rllm_core.errors import ConfigError
 from rllm_core.training.config import load_config

@@ -1,5 +1,5 @@
-"""`rllm export`: a trained run as a model to hand on (Hugging Face layout, merged LoRA, GGUF)."""
+"""`rllm export`: a trained run as a model to hand on (Hugging Face layout, merged LoRA, GGUF).
 
-from rllm_backends.local_torch.export.hf import ExportResult, export_checkpoint
-
-__all__ = ["ExportResult", "export_checkpoint"]
+`hf.export_checkpoint` does the work; `plugin` registers the command. Nothing is imported here, so building the
+CLI (which loads `plugin`) does not load torch.
+"""
