@@ -73,6 +73,7 @@ def test_model_takes_a_run_and_serves_the_trained_weights(full_run: tuple[Path, 
     loaded = load_model(str(run))
     assert all(torch.equal(loaded.model.state_dict()[k], v) for k, v in trained.items())
     with start_policy_server(str(run)) as server:
+        assert server.model_name == str(run)  # served under the name the user gave
         client = openai.OpenAI(base_url=server.base_url, api_key="EMPTY")
         r = client.completions.create(model=server.model_name, prompt="1 + 2 =", max_tokens=5, logprobs=1,
                                       extra_body={"return_token_ids": True})

@@ -332,7 +332,9 @@ def load_model(name_or_path: str = "smollm2-135m", dtype: torch.dtype = torch.fl
         from rllm_backends.local_torch.run_model import load_checkpoint_model, resolve_checkpoint
 
         if (ckpt := resolve_checkpoint(name_or_path)) is not None:
-            return load_checkpoint_model(ckpt, dtype=dtype, device=device)
+            loaded = load_checkpoint_model(ckpt, dtype=dtype, device=device)
+            loaded.name = name_or_path  # served under the name the user gave (`--model runs/x:step_50`)
+            return loaded
     if name_or_path == "tiny-random":
         model, tok = _tiny_random(dtype)
     else:
