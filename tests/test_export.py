@@ -142,3 +142,87 @@ def test_a_damaged_checkpoint_is_one_line(tmp_path: Path) -> None:
     res = CliRunner().invoke(build_app(), ["export", str(run), "-o", str(tmp_path / "out")])
     assert res.exit_code == 1 and "cut short or damaged" in " ".join(res.output.split()), res.output
     assert "Traceback" not in res.output
+
+
+def _tinker_run(root: Path, run: Path) -> tuple[Path, dict[str, torch.Tensor]]:
+    """A Tinker run's checkpoint as `TinkerBackend.save` lays it out, its state saved on the SDK double."""
+    import json
+
+    from rllm_backends.tinker.double_export import ExportServiceDouble
+    from rllm_backends.tinker.double_training import TrainingClientDouble
+
+    service = ExportServiceDouble(root)
+    training = service.create_lora_training_client("tiny-random", rank=4).result()
+    with torch.no_grad():  # weights the base does not have, so a download of the base would fail the test
+        next(iter(training.policy.model.parameters())).add_(0.5)
+    state = training.save_state("s1").result().path
+    sampler = training.save_weights_for_sampler("p1").result().path
+    ckpt = run / "checkpoints" / "step_1"
+    ckpt.mkdir(parents=True)
+    (ckpt / "tinker_backend.json").write_text(json.dumps({
+        "state_path": state, "sampler_path": sampler, "base_model": "tiny-random", "lora_rank": 4,
+        "policy_version": 1, "steps_done": 1, "tinker_version": "0.38.0"}))
+    (ckpt / "state.json").write_text(json.dumps({"step": 1}))
+    (run / "checkpoints" / "latest").write_text("step_1")
+    folder = root / state.removeprefix("tinker://")
+    return ckpt, TrainingClientDouble.read_weights(folder)
+
+
+def test_tinker_download_through_the_sdk_double(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The SDK 0.38 download (state → temporary external weights → signed URLs → files → delete) against the
+    double: the files hold exactly the trained weights, the temporary copy is gone, the note names the base."""
+    import json
+
+    from safetensors.torch import load_file
+
+    from rllm_backends.tinker import retry
+    from rllm_backends.tinker.export import download_tinker_checkpoint, is_tinker_checkpoint
+
+    root = tmp_path / "service"
+    ckpt, want = _tinker_run(root, tmp_path / "run")
+    monkeypatch.setenv("RLLM_TINKER_SERVICE", "rllm_backends.tinker.double_export:service_export_double_from_env")
+    monkeypatch.setenv("RLLM_TINKER_DOUBLE_DIR", str(root))
+    monkeypatch.setattr(retry, "RETRY_WAIT_S", 0.01)
+    assert is_tinker_checkpoint(ckpt)
+    out = tmp_path / "out"
+    out.mkdir()
+    files = download_tinker_checkpoint(ckpt, out)
+    assert {p.name for p in files} == {"model.safetensors", "meta.json", "rllm_export.json"}
+    got = load_file(str(out / "model.safetensors"))
+    assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in want)
+    assert json.loads((out / "rllm_export.json").read_text())["base_model"] == "tiny-random"
+    assert not list(root.glob("*/external_weights/*"))  # the temporary external copy was deleted
+    # the same through the command a user runs; flags that need the weights here are refused in one line
+    res = CliRunner().invoke(build_app(), ["export", str(tmp_path / "run"), "-o", str(tmp_path / "cli")])
+    assert res.exit_code == 0, res.output
+    assert "Tinker LoRA adapter" in " ".join(res.output.split())
+    cli = load_file(str(tmp_path / "cli" / "model.safetensors"))
+    assert all(torch.equal(cli[k], want[k]) for k in want)
+    res = CliRunner().invoke(build_app(), ["export", str(tmp_path / "run"), "-o", str(tmp_path / "g"),
+                                           "--format", "gguf"])
+    assert res.exit_code == 1 and "Tinker checkpoint" in res.output and "Traceback" not in res.output
+    # a service that fails transiently is retried; one that refuses (a missing state) is one line
+    (ckpt / "tinker_backend.json").write_text(json.dumps({"state_path": "tinker://nope/weights/x",
+                                                          "base_model": "tiny-random"}))
+    with pytest.raises(Exception, match="create_training_client_from_state") as info:
+        download_tinker_checkpoint(ckpt, tmp_path / "out2")
+    assert "\n" not in str(info.value)
+    monkeypatch.delenv("RLLM_TINKER_SERVICE")  # the real SDK without a key: one line naming the variable
+    monkeypatch.delenv("TINKER_API_KEY", raising=False)
+    with pytest.raises(ConfigError, match="export TINKER_API_KEY"):
+        download_tinker_checkpoint(ckpt, tmp_path / "out3")
+
+
+def test_tinker_double_download_signatures_match_the_sdk() -> None:
+    import inspect
+
+    import tinker
+
+    from rllm_backends.tinker.double_export import ExportRestClientDouble, ExportTrainingClientDouble
+
+    pairs = [(ExportTrainingClientDouble.save_weights_external, tinker.TrainingClient.save_weights_external)]
+    pairs += [(getattr(ExportRestClientDouble, m), getattr(tinker.RestClient, m)) for m in
+              ("get_external_weights_urls", "set_checkpoint_ttl_from_tinker_path",
+               "delete_checkpoint_from_tinker_path")]
+    for ours, sdk in pairs:
+        assert list(inspect.signature(ours).parameters) == list(inspect.signature(sdk).parameters), sdk.__name__

@@ -48,9 +48,15 @@ def export_checkpoint(spec: str, out: Path, *, step: int | None = None, merge_lo
             raise ConfigError(f"{ckpt} is a verl checkpoint: export it as is (--format hf), then convert that folder")
         _prepare(out, force)
         return ExportResult(ckpt, out, merge_verl_checkpoint(ckpt, out), "verl FSDP checkpoint, merged")
+    from rllm_backends.tinker.export import download_tinker_checkpoint, is_tinker_checkpoint
+
+    if is_tinker_checkpoint(ckpt):  # the weights live on the Tinker service: the SDK downloads its adapter
+        if fmt != "hf" or merge_lora or role or dtype:
+            raise ConfigError(f"{ckpt} is a Tinker checkpoint: its LoRA adapter downloads as is (--format hf); "
+                              "merge it into the base with peft afterwards")
+        _prepare(out, force)
+        return ExportResult(ckpt, out, download_tinker_checkpoint(ckpt, out), "Tinker LoRA adapter, downloaded")
     info = checkpoint_info(ckpt)
-    if fmt not in ("hf", "gguf"):
-        raise ConfigError(f"--format {fmt!r}: use hf or gguf")
     if dtype is not None and dtype not in DTYPES:
         raise ConfigError(f"--dtype {dtype!r}: use one of {', '.join(DTYPES)}")
     if merge_lora and info.kind in ("full", "legacy"):
