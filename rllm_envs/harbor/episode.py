@@ -45,9 +45,11 @@ VerdictReason = Literal["correct", "wrong_answer", "timeout", "verifier_error", 
 _TAIL = 4000
 """Characters of the verifier's output kept in the verdict (the last ones: where a traceback ends)."""
 _SETUP_TIMEOUT_S = 60.0
-_CLEAN = ("chmod -R u+rwx /logs/verifier /tests 2>/dev/null; rm -rf /logs/verifier && mkdir -p /logs/verifier /tests "
-          "&& find /tests -mindepth 1 -delete")
-"""Run before the verifier: what the agent left in /logs/verifier or /tests must not count."""
+_CLEAN = ("for d in /logs /tests; do { [ -L $d ] || { [ -e $d ] && [ ! -d $d ]; }; } && rm -f $d; mkdir -p $d; "
+          "chmod u+rwx $d; done 2>/dev/null; chmod -R u+rwx /logs/verifier /tests 2>/dev/null; "
+          "rm -rf /logs/verifier && mkdir -p /logs/verifier && find /tests -mindepth 1 -delete")
+"""Run before the verifier: what the agent left in /logs/verifier or /tests must not count, and what it did to
+them (`chmod 000 /tests /logs`, /logs replaced by a link or a file) is undone rather than blamed on the sandbox."""
 
 
 class HarborVerdict(BaseModel):

@@ -120,6 +120,8 @@ class LocalSandbox:
         argv = [*self._limits(timeout), self._provider.bwrap, "--unshare-all", "--unshare-user",
                 "--uid", str(ns_uid), "--gid", str(ns_uid), "--hostname", "rllm-sandbox",
                 "--die-with-parent", "--new-session"]
+        if ns_uid == 0:  # lets root map itself into a nested user namespace (Linux ≥ 5.12 asks for CAP_SETFCAP in
+            argv += ["--cap-add", "CAP_SETFCAP"]  # the parent): a verifier's `unshare` hides /tests from agent code
         for path in self._provider.ro_paths:
             if os.path.islink(path):
                 argv += ["--symlink", os.readlink(path), path]

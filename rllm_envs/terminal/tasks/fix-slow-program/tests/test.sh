@@ -5,32 +5,65 @@
 # completely before running it: a program under test cannot rewrite the rest of this file, and a reward it
 # writes itself is overwritten by the verdict.
 {
+# --- judge preamble: identical in every built-in task's tests/test.sh (source: rllm_envs/terminal/judge_preamble.sh)
+# This script is the judge. It never runs agent code itself: every program the agent wrote or touched (its
+# scripts, modules, Makefile, git repository) runs through `untrusted`, where /tests and /logs are empty, no
+# capability is left and nothing outlives the call. What comes back is data (output, files, an exit status that
+# can only fail a check); the verdict is this script's alone, written last.
 set -u
+umask 022
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C PYTHONNOUSERSITE=1
-export HOME="$(mktemp -d)"  # fresh: nothing the agent planted in a home (site dirs, dotfiles) applies
-mkdir -p /logs/verifier
+unset PYTHONPATH PYTHONHOME PYTHONSTARTUP PYTHONSAFEPATH BASH_ENV ENV CDPATH GIT_DIR GIT_WORK_TREE LD_PRELOAD
+chmod u+rwx /tests /logs 2>/dev/null  # an agent's `chmod 000 /tests /logs` must not turn into a sandbox error
+[ -d /logs ] && [ ! -L /logs ] || { rm -rf /logs; mkdir -p /logs; }
+rm -rf /logs/verifier /logs/judge && mkdir -p /logs/verifier /logs/judge && chmod 700 /logs/judge
+export HOME=/logs/judge  # the judge's own home and working directory, hidden from agent code like /logs
+cd "$HOME" || exit 2
 echo 0 > /logs/verifier/reward.txt
-# the verdict replaces /logs/verifier whole: whatever a program under test put there (a reward.json, a
-# reward.txt turned into a directory or a symlink) is gone
 verdict() { rm -rf /logs/verifier; mkdir -p /logs/verifier; echo "$1" > /logs/verifier/reward.txt; exit 0; }
 fail() { echo "FAIL: $*"; verdict 0; }
+untrusted() {  # untrusted CMD ARGS...: run agent code apart from the judge; its status and output are returned
+    if unshare --user --map-root-user --mount --pid --fork --kill-child --mount-proc true 2>/dev/null; then
+        # own user, mount and pid namespaces: /tests and /logs covered by empty tmpfs, every capability dropped
+        # (the covers cannot be lifted), and the namespace's processes all die when the command ends
+        unshare --user --map-root-user --mount --pid --fork --kill-child --mount-proc -- /bin/sh -c \
+            'mount -t tmpfs -o size=16k rllm-hidden /tests && mount -t tmpfs -o size=16k rllm-hidden /logs ||
+             exit 125; cd "$PWD" 2>/dev/null || cd /  # a cwd under a covered folder would still reach it
+             exec setpriv --no-new-privs --inh-caps=-all --bounding-set=-all -- "$@"' untrusted "$@"
+    elif [ "$(id -u)" = 0 ] && setpriv --reuid=65534 --regid=65534 --clear-groups true 2>/dev/null; then
+        # no user namespaces (Docker's default seccomp): another uid, for which /tests and /logs are closed
+        chmod 700 /tests /logs && chown -R 65534:65534 /app /tmp || exit 2
+        cd "$PWD" 2>/dev/null || cd /
+        setpriv --reuid=65534 --regid=65534 --clear-groups --no-new-privs --inh-caps=-all --bounding-set=-all \
+            -- "$@"
+        set -- $?
+        setpriv --reuid=65534 --regid=65534 --clear-groups -- /bin/bash -c 'kill -9 -1' 2>/dev/null
+        return "$1"
+    else
+        echo "the verifier cannot run agent code apart from itself here (no user namespace, not root)"
+        rm -rf /logs/verifier; exit 2  # no reward file: a verifier error, never a verdict
+    fi
+}
+# --- end of the judge preamble
 [ -f /app/seq/seq.py ] || fail "/app/seq/seq.py is missing"
-out=$(cd /tmp && timeout 3 python3 /app/seq/seq.py 500 2>&1) || fail "seq.py 500 failed or was too slow"
+out=$(cd /tmp && untrusted timeout 3 python3 /app/seq/seq.py 500 2>&1) || fail "seq.py 500 failed or was too slow"
 [ "$out" = "139423224561697880139724382870407283950070256587697307264108962948325571622863290691557658876222521294125" ] || fail "wrong fib(500)"
-(cd /tmp && timeout 20 python3 -I - <<'EOF') || fail "fib() is wrong or too slow"
-import sys, time
+# fib() is called in a probe process apart from the judge (its time limit is the probe's timeout); only the
+# values come back, as decimal strings
+probe=$(cd /tmp && untrusted timeout 8 python3 -I -c '
+import json, sys
 sys.path.insert(0, "/app/seq")
 sys.setrecursionlimit(100000)
 from seq import fib
-a, b = 0, 1
-want = []
+print(json.dumps([str(fib(n)) for n in (0, 1, 2, 10, 93, 777, 5000, 3)]))' 2>&1) || fail "fib() failed or was too slow"
+PROBE="${probe##*$'\n'}" python3 -I - <<'EOF' || fail "fib() is wrong"
+import json, os
+a, b, want = 0, 1, []
 for _ in range(5001):
     want.append(a)
     a, b = b, a + b
-start = time.time()
-for n in (0, 1, 2, 10, 93, 777, 5000, 3):
-    assert fib(n) == want[n], n
-assert time.time() - start < 5
+got = json.loads(os.environ["PROBE"])
+assert got == [str(want[n]) for n in (0, 1, 2, 10, 93, 777, 5000, 3)], got[:4]
 EOF
 
 echo PASS

@@ -5,19 +5,77 @@
 # completely before running it: a program under test cannot rewrite the rest of this file, and a reward it
 # writes itself is overwritten by the verdict.
 {
+# --- judge preamble: identical in every built-in task's tests/test.sh (source: rllm_envs/terminal/judge_preamble.sh)
+# This script is the judge. It never runs agent code itself: every program the agent wrote or touched (its
+# scripts, modules, Makefile, git repository) runs through `untrusted`, where /tests and /logs are empty, no
+# capability is left and nothing outlives the call. What comes back is data (output, files, an exit status that
+# can only fail a check); the verdict is this script's alone, written last.
 set -u
+umask 022
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin LC_ALL=C PYTHONNOUSERSITE=1
-export HOME="$(mktemp -d)"  # fresh: nothing the agent planted in a home (site dirs, dotfiles) applies
-mkdir -p /logs/verifier
+unset PYTHONPATH PYTHONHOME PYTHONSTARTUP PYTHONSAFEPATH BASH_ENV ENV CDPATH GIT_DIR GIT_WORK_TREE LD_PRELOAD
+chmod u+rwx /tests /logs 2>/dev/null  # an agent's `chmod 000 /tests /logs` must not turn into a sandbox error
+[ -d /logs ] && [ ! -L /logs ] || { rm -rf /logs; mkdir -p /logs; }
+rm -rf /logs/verifier /logs/judge && mkdir -p /logs/verifier /logs/judge && chmod 700 /logs/judge
+export HOME=/logs/judge  # the judge's own home and working directory, hidden from agent code like /logs
+cd "$HOME" || exit 2
 echo 0 > /logs/verifier/reward.txt
-# the verdict replaces /logs/verifier whole: whatever a program under test put there (a reward.json, a
-# reward.txt turned into a directory or a symlink) is gone
 verdict() { rm -rf /logs/verifier; mkdir -p /logs/verifier; echo "$1" > /logs/verifier/reward.txt; exit 0; }
 fail() { echo "FAIL: $*"; verdict 0; }
+untrusted() {  # untrusted CMD ARGS...: run agent code apart from the judge; its status and output are returned
+    if unshare --user --map-root-user --mount --pid --fork --kill-child --mount-proc true 2>/dev/null; then
+        # own user, mount and pid namespaces: /tests and /logs covered by empty tmpfs, every capability dropped
+        # (the covers cannot be lifted), and the namespace's processes all die when the command ends
+        unshare --user --map-root-user --mount --pid --fork --kill-child --mount-proc -- /bin/sh -c \
+            'mount -t tmpfs -o size=16k rllm-hidden /tests && mount -t tmpfs -o size=16k rllm-hidden /logs ||
+             exit 125; cd "$PWD" 2>/dev/null || cd /  # a cwd under a covered folder would still reach it
+             exec setpriv --no-new-privs --inh-caps=-all --bounding-set=-all -- "$@"' untrusted "$@"
+    elif [ "$(id -u)" = 0 ] && setpriv --reuid=65534 --regid=65534 --clear-groups true 2>/dev/null; then
+        # no user namespaces (Docker's default seccomp): another uid, for which /tests and /logs are closed
+        chmod 700 /tests /logs && chown -R 65534:65534 /app /tmp || exit 2
+        cd "$PWD" 2>/dev/null || cd /
+        setpriv --reuid=65534 --regid=65534 --clear-groups --no-new-privs --inh-caps=-all --bounding-set=-all \
+            -- "$@"
+        set -- $?
+        setpriv --reuid=65534 --regid=65534 --clear-groups -- /bin/bash -c 'kill -9 -1' 2>/dev/null
+        return "$1"
+    else
+        echo "the verifier cannot run agent code apart from itself here (no user namespace, not root)"
+        rm -rf /logs/verifier; exit 2  # no reward file: a verifier error, never a verdict
+    fi
+}
+# --- end of the judge preamble
 [ -f /app/mathlib/stats.py ] || fail "/app/mathlib/stats.py is missing"
 [ "$(sha256sum < /app/mathlib/test_stats.py | cut -d' ' -f1)" = "734df37db9eabeea0f8b5f98c10881dd027c9ce5a9ae09fe91fdb7647921ea99" ] || fail "test_stats.py was modified"
-(cd /app/mathlib && timeout 30 python3 -m unittest -q test_stats) || fail "the visible tests fail"
-(cd /tmp && timeout 30 python3 /tests/hidden_test_stats.py) || fail "hidden tests fail"
+# The visible tests' cases and hidden ones, called in a probe process apart from the judge: unittest is not run
+# (its exit status would be the agent's to choose); only the values come back, and the judge compares them.
+calls=$(python3 -I -c 'import json; print(json.dumps([c[:2] for c in json.load(open("/tests/cases.json"))]))') || fail "cannot read the cases"
+probe=$(cd /tmp && untrusted timeout 30 python3 -I -c '
+import json, sys
+sys.path.insert(0, "/app/mathlib")
+import stats
+out = []
+for name, arg in json.loads(sys.argv[1]):
+    try:
+        out.append(["ok", getattr(stats, name)(arg)])
+    except Exception as exc:
+        out.append(["raised", type(exc).__name__])
+print(json.dumps(out))' "$calls" 2>&1) || { echo "$probe"; fail "stats.py could not be probed"; }
+PROBE="${probe##*$'\n'}" python3 -I - <<'EOF' || fail "wrong results"
+import json, math, os
+from pathlib import Path
+cases = json.loads(Path("/tests/cases.json").read_text())
+got = json.loads(os.environ["PROBE"])
+assert isinstance(got, list) and len(got) == len(cases), got
+bad = []
+for (name, arg, want, kind), (status, value) in zip(cases, got):
+    ok = status == "ok" and type(value) in (int, float) and (
+        math.isclose(value, want, rel_tol=0, abs_tol=5e-8) if kind == "approx" else value == want)
+    if not ok:
+        bad.append(f"{name}({arg}) = {value!r}, want {want!r} ({kind})")
+print("\n".join(bad))
+raise SystemExit(1 if bad else 0)
+EOF
 
 echo PASS
 verdict 1
