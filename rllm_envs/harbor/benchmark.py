@@ -27,11 +27,31 @@ from rllm_core.sandbox import SandboxProvider, get_sandbox_provider
 from rllm_core.types import Episode, Task, Trajectory
 from rllm_envs.harbor.agents import AGENTS, harbor_task_of
 from rllm_envs.harbor.episode import HarborVerdict, run_harbor_episode
-from rllm_envs.harbor.task import HarborTask, load_tasks
+from rllm_envs.harbor.task import HarborTask, HarborTaskWarning, load_tasks
 
 __all__ = ["DEFAULT_SANDBOX", "HarborBenchmark"]
 
 DEFAULT_SANDBOX = "local"
+_LINTED: set[Path] = set()
+_LINT_LOCK = threading.Lock()
+
+
+def _warn_untrusting_verifiers(tasks: list[HarborTask]) -> None:
+    """Warn once per task folder whose verifier lets agent code decide the verdict (verifier_lint.py): the
+    folder cannot be rewritten for the user, but a policy trained on it will find the shortcut."""
+    import warnings
+
+    from rllm_envs.harbor.verifier_lint import lint_verifier
+
+    with _LINT_LOCK:
+        new = [t for t in tasks if t.path not in _LINTED]
+        _LINTED.update(t.path for t in new)
+    flagged = [(t, w) for t in new for w in lint_verifier(t.path)[:1]]
+    for task, warning in flagged[:3]:
+        warnings.warn(f"verifier of {task.id} may trust agent code: {warning}", HarborTaskWarning, stacklevel=3)
+    if len(flagged) > 3:
+        warnings.warn(f"{len(flagged) - 3} more verifiers may trust agent code (rllm_envs.harbor.verifier_lint)",
+                      HarborTaskWarning, stacklevel=3)
 
 
 class HarborBenchmark(Benchmark):
@@ -64,6 +84,7 @@ class HarborBenchmark(Benchmark):
              seed: int = 0) -> list[Task]:
         """The tasks (`data_dir`, when given, is another Harbor directory to load instead)."""
         found = load_tasks(data_dir) if data_dir else self.harbor_tasks(split)
+        _warn_untrusting_verifiers(found)
         tasks = [self.to_task(h, split) for h in found]
         return tasks[:max_examples] if max_examples is not None else tasks
 
