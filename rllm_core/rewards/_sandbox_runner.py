@@ -45,6 +45,9 @@ def limits(cfg: dict) -> None:
     fsize = int(cfg["file_size_mb"]) * 1024 * 1024
     resource.setrlimit(resource.RLIMIT_FSIZE, (fsize, fsize))
     resource.setrlimit(resource.RLIMIT_CORE, (0, 0))
+    if cfg.get("processes"):  # per user namespace: the fallback process cap where no cgroup counts the tree
+        n = int(cfg["processes"])
+        resource.setrlimit(resource.RLIMIT_NPROC, (n, n))
 
 
 def install_hook(root: str, allow_subprocess: bool, deny_read: tuple = (), allow_native: bool = False) -> None:

@@ -119,10 +119,12 @@ def _code_of(response: str) -> str:
 
 def _result(code: str, run: JudgedRun) -> RewardResult:
     details = {"note": run.note, "status": run.status, "tests_run": run.tests_run, "tests_passed": run.tests_passed,
-               "calls": run.calls, "stderr": run.stderr[-2000:], "duration_s": round(run.duration_s, 3)}
+               "calls": run.calls, "stderr": run.stderr[-2000:], "duration_s": round(run.duration_s, 3),
+               "limit_hit": run.limit_hit, "peak_memory_bytes": run.peak_memory_bytes}
     if run.passed:
         return RewardResult.correct(code, **details)
-    return RewardResult.fail({"timeout": "timeout", "error": "error"}.get(run.status, "wrong_answer"), code, **details)
+    return RewardResult.fail({"timeout": "timeout", "error": "error", "resource_limit": "resource_limit"}.get(
+        run.status, "wrong_answer"), code, **details)
 
 
 def grade_code(response: str, tests: str, entry_point: str | None = None, prompt: str = "",

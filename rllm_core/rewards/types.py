@@ -14,14 +14,15 @@ __all__ = ["REASONS", "RewardReason", "RewardResult"]
 
 RewardReason = Literal[
     "correct", "wrong_answer", "no_answer_extracted", "format_error", "truncated", "timeout", "error",
-    "verifier_error", "sandbox_error", "context_exceeded",
+    "verifier_error", "sandbox_error", "context_exceeded", "resource_limit",
 ]
 REASONS: tuple[str, ...] = (
     "correct", "wrong_answer", "no_answer_extracted", "format_error", "truncated", "timeout", "error",
-    "verifier_error", "sandbox_error", "context_exceeded",
+    "verifier_error", "sandbox_error", "context_exceeded", "resource_limit",
 )
 """`verifier_error` / `sandbox_error`: a sandboxed task's verifier wrote no usable reward / its sandbox failed;
-`context_exceeded`: a multi-turn episode outgrew the model's context before it answered right."""
+`context_exceeded`: a multi-turn episode outgrew the model's context before it answered right;
+`resource_limit`: graded code ran into its memory, process or disk limit (counted over its whole process tree)."""
 
 
 class RewardResult(BaseModel):
