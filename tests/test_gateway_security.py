@@ -148,3 +148,33 @@ def test_dot_segments_never_walk_out_of_the_allowed_routes(fake_upstream: FakeUp
         r = httpx.get(f"{gw.url}/v1/{path}", headers={"Authorization": f"Bearer {gw.client_api_key}"})
     assert r.status_code == 404 and r.json()["error"]["type"] == "not_found_error", r.text
     assert len(fake_upstream.requests) == n_before
+
+
+def test_half_open_connections_are_closed_after_the_header_deadline(fake_upstream: FakeUpstream,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Clients that connect and send nothing, or trickle a header, are dropped after HEADER_TIMEOUT_S (here
+    0.5 s); a request that completes its headers in time is served, and /health stays liveness only."""
+    import socket
+    import time
+
+    from rllm_core.gateway import header_deadline
+
+    monkeypatch.setattr(header_deadline, "HEADER_TIMEOUT_S", 0.5)
+    with start_gateway([UpstreamConfig(url=fake_upstream.base_url)]) as gw:
+        host, port = gw.host, gw.port
+        idle = [socket.create_connection((host, port), timeout=5) for _ in range(50)]
+        trickle = socket.create_connection((host, port), timeout=5)
+        trickle.sendall(b"GET /health HTTP/1.1\r\nHost: x\r\n")
+        started = time.monotonic()
+        for s in [*idle, trickle]:
+            assert s.recv(1) == b""  # closed by the gateway, not by our timeout (which would raise)
+            s.close()
+        assert time.monotonic() - started < 3
+        slow = socket.create_connection((host, port), timeout=5)
+        slow.sendall(b"GET /health HTTP/1.1\r\n")
+        time.sleep(0.2)
+        slow.sendall(b"Host: x\r\nConnection: close\r\n\r\n")
+        reply = slow.recv(4096)
+        slow.close()
+        assert reply.startswith(b"HTTP/1.1 200"), reply
+        assert httpx.get(f"http://{host}:{port}/health").json() == {"status": "ok"}

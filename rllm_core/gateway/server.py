@@ -18,6 +18,7 @@ from rllm_core.gateway.app import GATEWAY_KEY, ROUTER_KEY, create_app
 from rllm_core.gateway.capability import session_segment
 from rllm_core.gateway.client import RemoteGateway
 from rllm_core.gateway.config import DEFAULT_MAX_BODY_BYTES, GatewayConfig, StoreLimits, UpstreamConfig
+from rllm_core.gateway.header_deadline import HeaderBoundRunner
 from rllm_core.gateway.store import Store, TakeResult, open_store
 from rllm_core.net import client_host
 from rllm_core.types import Step
@@ -181,7 +182,7 @@ def start_gateway(
     box: dict[str, Any] = {}
 
     async def _start() -> None:
-        runner = web.AppRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S)
+        runner = HeaderBoundRunner(app, access_log=None, handle_signals=False, shutdown_timeout=SHUTDOWN_GRACE_S)
         await runner.setup()
         site = web.TCPSite(runner, host, port, reuse_address=True)
         try:
