@@ -219,3 +219,22 @@ def test_a_harbor_set_whose_verifier_trusts_agent_code_is_warned_about_at_load(t
         HarborBenchmark(tmp_path / "set").load()
     messages = [str(w.message) for w in caught if issubclass(w.category, HarborTaskWarning)]
     assert len(messages) == 1 and "trusting" in messages[0] and "test runner" in messages[0], messages
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or subprocess.run(
+    ["unshare", "-rpf", "--mount-proc", "true"], capture_output=True).returncode != 0,
+    reason="needs unprivileged pid namespaces (unshare -rpf)")
+def test_the_agents_leftover_processes_are_swept_before_the_verifier() -> None:
+    """Remote providers keep processes between commands: a watcher the agent leaves behind (here: two, one in
+    a session of its own) would run beside the verifier. Everything started after the agent's start mark dies;
+    what ran before it (the sandbox's own processes) and the clean-up command itself live on."""
+    from rllm_envs.harbor.episode import sweep_script
+
+    script = ("sleep 300 & sleep 0.3; read -r up rest < /proc/uptime; export MARK=$(( ${up%.*} * 100 + "
+              "10#${up#*.} )); sleep 0.3; (setsid sleep 301 &); (sleep 302 &); sleep 0.3; "
+              "bash -c \"$SWEEP\"; echo swept=$?; sleep 0.3; ps -eo args | grep '^[s]leep 30'")
+    res = subprocess.run(["unshare", "-rpf", "--mount-proc", "bash", "-c", script], capture_output=True, text=True,
+                         timeout=60, env={**os.environ, "SWEEP": sweep_script('"$MARK"')})
+    assert "swept=0" in res.stdout, (res.stdout, res.stderr)
+    left = [line for line in res.stdout.splitlines() if line.startswith("sleep")]
+    assert left == ["sleep 300"], (res.stdout, res.stderr)

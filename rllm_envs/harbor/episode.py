@@ -50,6 +50,30 @@ _CLEAN = ("for d in /logs /tests; do { [ -L $d ] || { [ -e $d ] && [ ! -d $d ]; 
           "rm -rf /logs/verifier && mkdir -p /logs/verifier && find /tests -mindepth 1 -delete")
 """Run before the verifier: what the agent left in /logs/verifier or /tests must not count, and what it did to
 them (`chmod 000 /tests /logs`, /logs replaced by a link or a file) is undone rather than blamed on the sandbox."""
+_UPTIME = "read -r up rest < /proc/uptime && echo $up"
+"""The sandbox's clock (seconds since its kernel booted) when the agent starts: what started later is the agent's."""
+_SWEEP = r"""hz=$(getconf CLK_TCK 2>/dev/null || echo 100); keep=" $$ "; p=$$
+while [ "$p" -gt 1 ]; do q=; while read -r k v; do [ "$k" = PPid: ] && q=$v && break; done < /proc/$p/status
+  [ -n "$q" ] || break; keep="$keep$q "; p=$q; done
+for sig in STOP KILL KILL; do for d in /proc/[0-9]*; do pid=${d#/proc/}
+  case "$keep" in *" $pid "*) continue;; esac
+  read -r s < "$d/stat" 2>/dev/null || continue; s=${s##*) }; set -- $s
+  [ "$2" = "$$" ] && continue
+  [ $(( ${20} * 100 / hz )) -gt MARK ] && kill -s $sig "$pid" 2>/dev/null
+done; done; true"""
+"""Every process that started after the agent did (MARK, in centiseconds of uptime) and is not this command or its
+ancestors: a server or watcher the agent left running (remote providers keep them between commands) would
+otherwise be running while the verifier works. STOP first, so none can fork away while the rest are killed."""
+
+
+def sweep_script(mark: str) -> str:
+    """The sweep of processes started after `mark` (centiseconds of uptime: a number, or a shell expansion)."""
+    return _SWEEP.replace("MARK", mark)
+
+
+def sweep_command(mark_centis: int | None) -> str:
+    """The pre-verifier clean-up, with the sweep of the agent's leftover processes when the start mark is known."""
+    return (sweep_script(str(int(mark_centis))) + "\n" if mark_centis is not None else "") + _CLEAN
 
 
 class HarborVerdict(BaseModel):
@@ -124,6 +148,7 @@ async def run_harbor_episode(
                f"{type(exc).__name__}: {exc}"
         return HarborEpisode(HarborVerdict(task_id=task.id, reason="sandbox_error", phase="start", note=note))
     try:
+        mark = await _uptime_mark(sandbox)
         started = time.monotonic()
         agent_output: Any = None
         try:
@@ -144,7 +169,7 @@ async def run_harbor_episode(
                 task_id=task.id, reason="sandbox_error", phase="agent", sandbox_id=sandbox.id,
                 agent_s=time.monotonic() - started, note=f"the sandbox failed while the agent ran: {exc}"))
         agent_s = time.monotonic() - started
-        verdict = await _verify(sandbox, task, verifier_timeout)
+        verdict = await _verify(sandbox, task, verifier_timeout, mark)
         verdict.agent_s = agent_s
         return HarborEpisode(verdict, agent_output)
     finally:
@@ -187,7 +212,16 @@ def _close_quietly(sandbox: Sandbox) -> None:
                                                  getattr(sandbox, "id", "?"), type(exc).__name__, exc)
 
 
-async def _verify(sandbox: Sandbox, task: HarborTask, timeout_s: float) -> HarborVerdict:
+async def _uptime_mark(sandbox: Sandbox) -> int | None:
+    """The sandbox's uptime in centiseconds, or None where it cannot be read (then no process sweep)."""
+    try:
+        out = await aexec(sandbox, _UPTIME, timeout_s=_SETUP_TIMEOUT_S)
+        return int(float(out.output.strip().split()[0]) * 100) if out.exit_code == 0 else None
+    except (SandboxError, ValueError, IndexError):
+        return None
+
+
+async def _verify(sandbox: Sandbox, task: HarborTask, timeout_s: float, mark: int | None = None) -> HarborVerdict:
     base = {"task_id": task.id, "sandbox_id": sandbox.id}
     verifier = task.config.verifier
     try:
@@ -196,7 +230,7 @@ async def _verify(sandbox: Sandbox, task: HarborTask, timeout_s: float) -> Harbo
         return HarborVerdict(**base, reason="verifier_error", phase="verifier", note=str(exc))
     started = time.monotonic()
     try:
-        setup = await aexec(sandbox, _CLEAN, timeout_s=_SETUP_TIMEOUT_S)
+        setup = await aexec(sandbox, sweep_command(mark), timeout_s=_SETUP_TIMEOUT_S)
         if setup.exit_code != 0:
             raise SandboxError(f"preparing /tests and /logs/verifier failed ({setup.exit_code}): "
                                f"{setup.output[-500:]}")
