@@ -40,7 +40,7 @@ MEMORY_BOMB = SPAWN + '''
 for _ in range(8):  # 8 x 200 MB, each child under the per-process address-space limit
     spawn(sys.executable, "-c", "import time; b = b'x' * 200_000_000; time.sleep(60)")
 import time
-time.sleep(20)
+time.sleep(3)
 ''' + HONEST
 PROCESS_BOMB = SPAWN + '''
 started = 0
