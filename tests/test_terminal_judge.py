@@ -20,13 +20,10 @@ import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
 
 import pytest
+from test_terminal_tasks import _command_agent  # a sibling test module, as test_adapter_support is
 
-from rllm_core.rollout import rollout
-from rllm_core.sandbox import aexec, current_sandbox
-from rllm_core.types import Task
 from rllm_envs.harbor import load_tasks, run_harbor_episode
 from rllm_envs.harbor.episode import HarborVerdict
 from rllm_envs.harbor.verifier_lint import lint_test_sh
@@ -67,14 +64,6 @@ ATTACKS: dict[str, tuple[str, str]] = {
 }
 
 
-def _agent(command: str) -> Any:
-    @rollout(name="attack")
-    async def agent(task: Task, config: Any) -> dict[str, Any]:
-        await aexec(current_sandbox(), command, timeout_s=60)
-        return {"answer": ""}
-    return agent
-
-
 @pytest.fixture(scope="module")
 def provider() -> Iterator[LocalSandboxProvider]:
     root = Path(tempfile.mkdtemp(prefix="rllm-terminal-judge-"))
@@ -90,7 +79,7 @@ def test_attacks_on_the_verifiers_score_zero(provider: LocalSandboxProvider) -> 
 
     def run(item: tuple[str, tuple[str, str]]) -> HarborVerdict:
         task, command = item[1]
-        return asyncio.run(run_harbor_episode(tasks[task], _agent(command), provider)).verdict
+        return asyncio.run(run_harbor_episode(tasks[task], _command_agent(command), provider)).verdict
 
     with ThreadPoolExecutor(max_workers=2) as pool:
         verdicts = dict(zip(ATTACKS, pool.map(run, ATTACKS.items()), strict=True))
