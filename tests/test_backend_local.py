@@ -127,3 +127,35 @@ def test_local_backend_is_registered() -> None:
     backend = create_backend("local", _cfg())
     assert isinstance(backend, Backend) and backend.name == "local"
     backend.shutdown()  # never set up: a no-op
+
+
+def test_the_server_drops_its_weights_during_the_update_and_a_failed_step_gives_them_back() -> None:
+    """The server's packed copy is not held while the trainer updates (the update's peak memory); after a step
+    that raised, the server serves the unchanged weights at the unchanged version."""
+    from rllm_backends.local_torch.serving.packed_linear import packing_available, packs_released
+    from rllm_core.errors import TrainingError
+
+    backend = LocalTorchBackend()
+    backend.setup(_cfg())
+    try:
+        rows, _ = _sample(backend)
+        engine = backend.server.engine
+        seen: list[int] = []
+        original = backend.trainer.train_step
+
+        def spy(batch: list[TrainRow]) -> dict[str, float]:
+            seen.append(packs_released(engine._packed))
+            return original(batch)
+
+        backend.trainer.train_step = spy  # type: ignore[method-assign]
+        backend.train_step(rows)
+        assert (seen[0] > 0) == packing_available()
+        assert backend.sync_weights() == 1 and packs_released(engine._packed) == 0
+        silent = [r.model_copy(update={"loss_mask": [0] * len(r.tokens)}) for r in rows]
+        with pytest.raises(TrainingError, match="no trainable tokens"):
+            backend.train_step(silent)
+        assert packs_released(engine._packed) == 0 and backend.server.policy_version == 1
+        rows2, version = _sample(backend)
+        assert version == 1 and _max_logprob_gap(backend, rows2) < 1e-4
+    finally:
+        backend.shutdown()

@@ -191,3 +191,37 @@ def test_resume_mode_reports_the_version_of_every_token() -> None:
     versions = choice["token_policy_versions"]
     assert len(versions) == len(choice["token_ids"]) == 1200
     assert versions == sorted(versions) and set(versions) == {0, 1}
+
+
+def test_released_weights_wait_for_a_full_update_and_serve_it_exactly() -> None:
+    """release_weights (the local backend, while its trainer updates) drops the packed copy; a request sent then
+    waits; a partial update is refused and keeps waiting; the full update serves exactly the new weights."""
+    from rllm_backends.local_torch.serving.packed_linear import packing_available, packs_released
+
+    torch.set_num_threads(1)
+    base = load_model("tiny-random").model.state_dict()
+    with start_policy_server("tiny-random") as s:
+        if not packing_available():
+            assert s.engine.release_weights() is False  # nothing packed: nothing to drop
+            return
+        greedy(s)
+        assert s.engine.release_weights() is True and packs_released(s.engine._packed) > 0
+        box: dict = {}
+        waiter = threading.Thread(target=lambda: box.update(reply=greedy(s)))
+        waiter.start()
+        time.sleep(0.5)
+        assert waiter.is_alive()  # no weights: the request waits, it does not fail
+        key = "model.layers.0.self_attn.q_proj.weight"
+        with pytest.raises(ConfigError, match="must bring every weight back"):
+            s.update_weights({key: base[key]})
+        assert waiter.is_alive()
+        gen = torch.Generator().manual_seed(5)
+        new = {k: v + 0.3 * torch.randn(v.shape, generator=gen) for k, v in base.items()}
+        version = s.update_weights(new)
+        waiter.join(60)
+        assert box["reply"]["policy_version"] == version and packs_released(s.engine._packed) == 0
+        served_logprobs_match(box["reply"], new)
+        assert s.engine.release_weights() is True
+        s.update_weights(new, version=version)  # a failed trainer step restores the same weights and version
+        assert s.policy_version == version
+        served_logprobs_match(greedy(s), new)

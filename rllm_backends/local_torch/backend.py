@@ -88,8 +88,16 @@ class LocalTorchBackend(BackendBase):
 
     def train_step(self, rows: Sequence[TrainRow]) -> dict[str, float]:
         self._require()
+        # the server's packed copy of the weights is not needed while the trainer updates (rollouts are done;
+        # sync_weights brings the new weights): dropping it takes a model's worth off the update's peak
+        released = not self.config.roles and self.server.engine.release_weights()
         release_free_memory()  # what the rollouts freed: the update's peak then starts from what is held
-        metrics = self.trainer.train_step(rows)
+        try:
+            metrics = self.trainer.train_step(rows)
+        except BaseException:
+            if released:  # the update failed and left the weights as they were: serve them again, same version
+                self.server.update_weights(self.trainer.serving_state_dict(), version=self.policy_version)
+            raise
         release_free_memory()  # the update's transient gigabytes: RSS stays flat from step to step
         versions = [r.policy_version for r in rows if r.policy_version is not None]
         if versions:

@@ -392,3 +392,34 @@ def _pack(model: torch.nn.Module, head_rows: int, release_dense: bool, fusions: 
             out.kept.append((key, layer, layer.weight))
             if getattr(layer, "_rllm_part", None) is None:
                 out.by_data.setdefault(layer.weight.data_ptr(), []).append(layer)
+
+
+# ---------------------------------------------------------------------------------------------- release
+def _served_packs(layers: PackedLayers) -> list[tuple[Any, str]]:
+    """(holder, attribute) of every PackedWeight the engine serves from: layers packed alone, fused weights."""
+    out: list[tuple[Any, str]] = [(layer, "_rllm_packed") for layer in dict.fromkeys(layers.by_name.values())
+                                  if getattr(layer, "_rllm_part", None) is None
+                                  and isinstance(getattr(layer, "_rllm_packed", None), PackedWeight)]
+    return out + layers.fused_owners()
+
+
+def release_packed(layers: PackedLayers) -> int:
+    """Drop every packed tensor (a trainer's update needs the memory while nothing is served), keeping a meta
+    placeholder with its dtype and measured row range, so that the next update packs the new weights exactly as
+    before. Returns how many were released."""
+    released = 0
+    for holder, attr in _served_packs(layers):
+        old: PackedWeight = getattr(holder, attr)
+        if old.tensor.is_meta:
+            continue
+        placeholder = object.__new__(PackedWeight)
+        placeholder.tensor = torch.empty(0, dtype=old.tensor.dtype, device="meta")
+        placeholder.min_rows, placeholder.max_rows = old.min_rows, old.max_rows
+        setattr(holder, attr, placeholder)
+        released += 1
+    return released
+
+
+def packs_released(layers: PackedLayers) -> int:
+    """How many served packed weights are placeholders (0: everything can be served)."""
+    return sum(getattr(holder, attr).tensor.is_meta for holder, attr in _served_packs(layers))
