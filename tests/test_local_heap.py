@@ -25,3 +25,22 @@ def test_freed_holes_in_the_heap_go_back_to_the_os() -> None:
     after = me.memory_info().rss
     assert before - after > 100 * 2**20, (before, after)
     assert len(kept) == 250
+
+
+def test_an_idle_kv_pool_gives_its_pages_back_and_reads_as_zeros() -> None:
+    import torch
+
+    from rllm_backends.local_torch.serving.kv_pool import BlockTable, KVPool
+
+    pool = KVPool(layers=2, kv_heads=2, head_dim=64, num_blocks=256, dtype=torch.float32, device=torch.device("cpu"))
+    table = BlockTable()
+    pool.ensure(table, 16 * 200)
+    for t in (*pool.keys, *pool.values):
+        t[1:].fill_(1.5)
+    assert pool.drop_pages() == 0 and float(pool.keys[0][5].sum()) > 0  # a block in use: nothing dropped
+    pool.release(table)
+    dropped = pool.drop_pages()
+    assert dropped >= 0.9 * sum(t.numel() * 4 for t in (*pool.keys, *pool.values))
+    for t in (*pool.keys, *pool.values):  # whole pages read as zeros again (a partial page at an end keeps its
+        assert float(t[0].abs().sum()) == 0.0 and float(t[1:-1].abs().sum()) == 0.0  # bytes; block 0 stays 0)
+    assert pool.free_blocks == 255 and pool.cached_blocks == 0

@@ -14,7 +14,7 @@ import ctypes.util
 import functools
 import logging
 
-__all__ = ["release_free_memory"]
+__all__ = ["drop_pages", "release_free_memory"]
 
 log = logging.getLogger("rllm.local_torch")
 
@@ -37,3 +37,36 @@ def release_free_memory() -> None:
     trim = _malloc_trim()
     if trim is not None:
         trim(0)  # type: ignore[operator]
+
+
+_MADV_DONTNEED = 4
+_PAGE = 4096
+
+
+@functools.cache
+def _madvise() -> object | None:
+    name = ctypes.util.find_library("c")
+    try:
+        fn = getattr(ctypes.CDLL(name), "madvise", None) if name else None
+    except OSError:
+        return None
+    if fn is not None:
+        fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
+    return fn
+
+
+def drop_pages(tensor: object) -> int:
+    """Give the whole pages of a CPU tensor's memory back to the OS, which reads as zeros afterwards: for a
+    preallocated buffer none of whose contents is needed any more (an idle KV pool), whose pages the next
+    writes commit again. Returns the bytes dropped (0 where madvise is missing or the tensor is not on CPU)."""
+    import torch
+
+    fn = _madvise()
+    if fn is None or not isinstance(tensor, torch.Tensor) or tensor.device.type != "cpu" or \
+            not tensor.is_contiguous():
+        return 0
+    start, end = tensor.data_ptr(), tensor.data_ptr() + tensor.numel() * tensor.element_size()
+    first, last = -(-start // _PAGE) * _PAGE, end // _PAGE * _PAGE  # whole pages only: neighbours are untouched
+    if last <= first or fn(first, last - first, _MADV_DONTNEED) != 0:  # type: ignore[operator]
+        return 0
+    return last - first

@@ -187,7 +187,7 @@ class DecodeEngine:
             idle = not self._work and not self._waiting and not self._old_models
         for req in reqs:
             if idle and len(self._packed) and not self.adapters:
-                self.pool.clear_cache()
+                self.pool.drop_pages()  # no block is in use: the KV pool's pages go too
                 req.released = self._released = release_packed(self._packed) > 0 or self._released
             req.done.set()
 

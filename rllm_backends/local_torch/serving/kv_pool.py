@@ -186,6 +186,16 @@ class KVPool:
         self._cached.clear()
         self._hash_of.clear()
 
+    def drop_pages(self) -> int:
+        """Return the pool's committed pages to the OS while no block is in use (whole pages read as zeros again;
+        block 0, the padding block, stays zero): the largest batch's memory is not held through an update."""
+        from rllm_backends.local_torch.heap import drop_pages
+
+        if any(self._refs):
+            return 0
+        self.clear_cache()
+        return sum(drop_pages(t) for t in (*self.keys, *self.values))
+
     @property
     def cached_blocks(self) -> int:
         return len(self._cached)
