@@ -89,8 +89,9 @@ class LocalTorchBackend(BackendBase):
     def train_step(self, rows: Sequence[TrainRow]) -> dict[str, float]:
         self._require()
         # the server's packed copy of the weights is not needed while the trainer updates (rollouts are done;
-        # sync_weights brings the new weights): dropping it takes a model's worth off the update's peak
-        released = not self.config.roles and self.server.engine.release_weights()
+        # sync_weights brings the new weights): dropping it takes a model's worth off the update's peak (the
+        # engine declines for a peft server, --roles, whose updates carry only the adapters)
+        released = self.server.engine.release_weights()
         release_free_memory()  # what the rollouts freed: the update's peak then starts from what is held
         try:
             metrics = self.trainer.train_step(rows)

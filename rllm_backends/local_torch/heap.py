@@ -20,13 +20,17 @@ log = logging.getLogger("rllm.local_torch")
 
 
 @functools.cache
-def _malloc_trim() -> object | None:
+def _libc() -> ctypes.CDLL | None:
     name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name) if name else None
-        trim = getattr(libc, "malloc_trim", None)
+        return ctypes.CDLL(name) if name else None
     except OSError:
         return None
+
+
+@functools.cache
+def _malloc_trim() -> object | None:
+    trim = getattr(_libc(), "malloc_trim", None)
     if trim is not None:
         trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return trim
@@ -45,11 +49,7 @@ _PAGE = 4096
 
 @functools.cache
 def _madvise() -> object | None:
-    name = ctypes.util.find_library("c")
-    try:
-        fn = getattr(ctypes.CDLL(name), "madvise", None) if name else None
-    except OSError:
-        return None
+    fn = getattr(_libc(), "madvise", None)
     if fn is not None:
         fn.argtypes, fn.restype = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int], ctypes.c_int
     return fn

@@ -33,6 +33,7 @@ from typing import Any, Literal
 import torch
 
 from rllm_backends.local_torch.serving.attention_kernel import kernel_available, set_kernel_threads
+from rllm_backends.local_torch.serving.engine_requests import WeightRelease, WeightUpdate
 from rllm_backends.local_torch.serving.fast_forward import fusions
 from rllm_backends.local_torch.serving.invariant import batch_invariant, make_batch_invariant
 from rllm_backends.local_torch.serving.kv_pool import BLOCK_SIZE, KVPool, PoolExhausted, pool_shape
@@ -60,21 +61,6 @@ _POOL_TOO_SMALL = ("the KV cache is too small for this request: start the server
                    "or send a shorter prompt")
 
 
-class _WeightUpdate:
-    def __init__(self, state_dict: Mapping[str, torch.Tensor], version: int | None = None) -> None:
-        self.state_dict = state_dict
-        self.done = threading.Event()
-        self.target = version
-        self.version: int | None = None
-        self.error: BaseException | None = None
-
-
-class _Release:
-    def __init__(self) -> None:
-        self.done = threading.Event()
-        self.released = False
-
-
 class DecodeEngine:
     """Decodes submitted requests together; thread-safe `submit`, `update_weights`, `stop`."""
 
@@ -100,8 +86,8 @@ class DecodeEngine:
         self._vocab = int(self.model.get_input_embeddings().num_embeddings)
         self._cond = threading.Condition()
         self._waiting: deque[GenerationRequest] = deque()
-        self._updates: deque[_WeightUpdate] = deque()
-        self._releases: list[_Release] = []
+        self._updates: deque[WeightUpdate] = deque()
+        self._releases: list[WeightRelease] = []
         self._released = False  # packed weights dropped (release_weights) until a full update: nothing runs
         self._stopping = False
         self._work: list[Work] = []
@@ -150,7 +136,7 @@ class DecodeEngine:
         Requests in flight finish on the old weights or resume on the new ones (`swap_mode`); nothing waits for
         them. On timeout (the engine thread busy past it) the update is withdrawn, never applied later.
         """
-        upd = _WeightUpdate(state_dict, version)
+        upd = WeightUpdate(state_dict, version)
         with self._cond:
             if self._stopping or not self._thread.is_alive():
                 raise RuntimeError("the policy server is stopped; start a new one to serve new weights")
@@ -173,7 +159,7 @@ class DecodeEngine:
     def release_weights(self, timeout: float = 30) -> bool:
         """Drop the packed weights while idle, for a trainer's update (-0.45 GiB at its peak on 135M); requests
         wait until an `update_weights` with every weight. False (nothing dropped) when busy or nothing is packed."""
-        req = _Release()
+        req = WeightRelease()
         with self._cond:
             if self._stopping or not self._thread.is_alive():
                 return False
