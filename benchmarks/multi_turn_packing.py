@@ -28,17 +28,17 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0)
     args = parser.parse_args()
 
-    from rllm_backends.local_torch.serving import start_policy_server
-    from rllm_core.benchmarks import get_benchmark
-    from rllm_core.engine import run_episodes
-    from rllm_core.gateway import UpstreamConfig, start_gateway
-    from rllm_core.training.packing import pack_trajectory
+    from rllm_envs.benchmarks import get_benchmark
+    from rllm_rollout.engine import run_episodes
+    from rllm_rollout.gateway import UpstreamConfig, start_gateway
+    from rllm_serve import start_policy_server
+    from rllm_train.packing import pack_trajectory
 
     bench = get_benchmark(args.benchmark)
     tasks = bench.load("test", max_examples=args.tasks, seed=0)
     agent = bench.default_rollout()
     if args.workflow:
-        from rllm_core.workflows import get_workflow
+        from rllm_envs.workflows import get_workflow
 
         agent = get_workflow(args.workflow)
     server = start_policy_server(args.model)

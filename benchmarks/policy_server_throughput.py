@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import os
 
-import rllm_core.openmp  # noqa: F401  (bounds OpenMP spinning before torch loads)
+import rllm_core.cpu_runtime  # noqa: F401  (bounds OpenMP spinning and the oneDNN cache before torch loads)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -28,7 +28,7 @@ from rich.console import Console
 from rich.progress import Progress
 from rich.table import Table
 
-from rllm_backends.local_torch.serving import LoadedModel, load_model, start_policy_server
+from rllm_serve import LoadedModel, load_model, start_policy_server
 
 TOPICS = ["the moon", "prime numbers", "bread", "rivers", "chess", "volcanoes", "bees", "the printing press",
           "glaciers", "jazz", "photosynthesis", "bridges", "owls", "the internet", "tea", "comets"]

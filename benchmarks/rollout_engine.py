@@ -30,7 +30,7 @@ from __future__ import annotations
 
 import os
 
-import rllm_core.openmp  # noqa: F401  (bounds OpenMP spinning before torch loads)
+import rllm_core.cpu_runtime  # noqa: F401  (bounds OpenMP spinning and the oneDNN cache before torch loads)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -125,7 +125,7 @@ class HfEngine:
     def __init__(self, model: str, threads: int | None, dtype: str) -> None:
         import torch
 
-        from rllm_backends.local_torch.serving.models import load_model
+        from rllm_serve.models import load_model
 
         if threads:
             torch.set_num_threads(threads)

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
-import rllm_core.openmp  # noqa: F401  (bounds OpenMP spinning before torch loads)
+import rllm_core.cpu_runtime  # noqa: F401  (bounds OpenMP spinning and the oneDNN cache before torch loads)
 
 
 def make_prompts(n: int, seed: int = 0) -> list[tuple[str, int]]:
@@ -49,7 +49,7 @@ def run_trl(args: argparse.Namespace, prompts: list[tuple[str, int]]) -> dict[st
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    from rllm_backends.local_torch.serving import load_model
+    from rllm_serve import load_model
 
     loaded = load_model(args.model)
     answers = {p: str(a) for p, a in prompts}
@@ -101,11 +101,11 @@ def run_trl(args: argparse.Namespace, prompts: list[tuple[str, int]]) -> dict[st
 
 def run_ours(args: argparse.Namespace, prompts: list[tuple[str, int]]) -> dict[str, Any]:
     from rllm_backends.local_torch.backend import LocalTorchBackend
-    from rllm_backends.local_torch.serving import load_model
-    from rllm_core.benchmarks.base import Benchmark
-    from rllm_core.rewards.types import RewardResult
-    from rllm_core.training import TrainConfig, atrain
+    from rllm_core.rewards import RewardResult
     from rllm_core.types import Task
+    from rllm_rollout.benchmarks.base import Benchmark
+    from rllm_serve import load_model
+    from rllm_train import TrainConfig, atrain
 
     class Sums(Benchmark):
         name, category, reward, splits = "sums", "bench", "contains", ("train", "test")

@@ -11,9 +11,9 @@ The public surface, in one place (a test pins it):
 
 from rllm_core.context import agent_scope, bind_context, current_episode, submit
 from rllm_core.errors import RLLMError
-from rllm_core.rollout import Rollout, RolloutConfig, RolloutFailedWarning, rollout
 from rllm_core.sandbox import current_sandbox
 from rllm_core.types import Episode, Step, Task, Trajectory, TrajectoryGroup, group_trajectories
+from rllm_rollout.rollout import Rollout, RolloutConfig, RolloutFailedWarning, rollout
 
 __version__ = "0.1.0"
 

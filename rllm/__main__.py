@@ -1,6 +1,6 @@
 """`python -m rllm` and the `rllm` console script."""
 
-from rllm_core.cli import main
+from rllm.cli import main
 
 if __name__ == "__main__":
     main()

@@ -33,8 +33,9 @@ from packaging.version import InvalidVersion, Version
 from pydantic import BaseModel, Field
 
 from rllm_core.context import EpisodeContext, agent_scope, current_episode, episode_scope, report_llm_calls
-from rllm_core.rollout import build_episode
+from rllm_core.errors import RLLMWarning
 from rllm_core.types import Episode, Step, Task
+from rllm_rollout.rollout import build_episode
 
 __all__ = [
     "AdapterWarning",
@@ -58,7 +59,7 @@ __all__ = [
 log = logging.getLogger("rllm.adapters")
 
 
-class AdapterWarning(UserWarning):
+class AdapterWarning(RLLMWarning):
     """An adapter works but something is off: untested framework version, call outside @rllm.rollout."""
 
 
@@ -179,7 +180,7 @@ def enter_scopes(agent: str | None = None, episode: EpisodeContext | None = None
 # -------------------------------------------------------------------------------------- ad-hoc episodes
 def open_adhoc_episode(adapter: str) -> EpisodeContext:
     """An episode for calls made outside @rllm.rollout, so they are still recorded; warns once per adapter."""
-    from rllm_core.capture.inprocess import install as install_capture
+    from rllm_rollout.capture.inprocess import install as install_capture
 
     install_capture()
     try:

@@ -1,4 +1,4 @@
-"""One exception root for rllm; every error says what was wrong and what to do.
+"""One exception root and one warning root for rllm; every error says what was wrong and what to do.
 
     RLLMError
     ├── ConfigError          bad options, files or arguments given by the user
@@ -7,6 +7,12 @@
     ├── UpstreamError        the model endpoint failed (unreachable, timed out, refused the request)
     ├── BenchmarkError       unknown benchmark, missing data file, unexpected fields
     └── TrainingError        a training step cannot go on (no trainable rows, NaN loss, out of memory)
+
+    RLLMWarning (UserWarning)  something worked, but not as asked: filter every rllm warning with one class
+    ├── RolloutFailedWarning   rllm_rollout.rollout: the agent raised or timed out (the Episode says why)
+    ├── AdapterWarning         rllm_adapters: a framework call an adapter could not attribute
+    └── HarborTaskWarning      rllm_envs.harbor: a task folder with ignored keys or a verifier that may trust
+                               agent code
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ __all__ = [
     "ConfigError",
     "PluginError",
     "RLLMError",
+    "RLLMWarning",
     "TrainingError",
     "UpstreamError",
 ]
@@ -48,3 +55,8 @@ class BenchmarkError(RLLMError):
 
 class TrainingError(RLLMError):
     """A training step cannot go on."""
+
+
+class RLLMWarning(UserWarning):
+    """Root of every warning rllm issues on purpose: `warnings.simplefilter("error", RLLMWarning)` in a test
+    suite, or "ignore" in a notebook, catches them all."""

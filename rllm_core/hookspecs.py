@@ -4,11 +4,16 @@ A plugin is any module or object with functions named like these and marked with
 through the setuptools entry-point group ``rllm``. The built-in adapters, backends, benchmarks and CLI
 commands register through exactly these hooks, so a third-party plugin has the same power as a built-in.
 
-Registration hooks return lists of specs (each module that consumes them defines its spec type):
+Registration hooks return lists of specs; each spec type lives beside its seam, with that seam's `get_X()`
+(the plugin manager itself knows no plugin kinds):
 
-- ``rllm_register_adapters() -> list[AdapterSpec]``          (rllm_core.plugins.AdapterSpec)
-- ``rllm_register_backends() -> list[BackendSpec]``          (rllm_core.plugins.BackendSpec)
-- ``rllm_register_benchmarks() -> list[Benchmark]``          (rllm_core.benchmarks registry types)
+- ``rllm_register_adapters() -> list[AdapterSpec]``          (rllm_core.adapters.AdapterSpec)
+- ``rllm_register_backends() -> list[BackendSpec]``          (rllm_train.backend.BackendSpec)
+- ``rllm_register_benchmarks() -> list[Benchmark]``          (rllm_rollout.benchmarks.base.Benchmark)
+- ``rllm_register_benchmark_sources() -> list[BenchmarkSourceSpec]`` (rllm_rollout.benchmarks.registry)
+                                                              `PREFIX:ARG` names built on demand (`harbor:./tasks`)
+- ``rllm_register_eval_endpoints() -> list[EvalEndpointSpec]`` (rllm_envs.eval.endpoint) models a backend serves
+                                                              for `rllm eval --backend NAME`
 - ``rllm_register_commands(app)``                            adds typer commands / sub-apps to the CLI
 - ``rllm_register_loggers() -> list[LoggerSpec]``            (rllm_core.loggers.LoggerSpec) metric loggers for
                                                               `rllm train --logger NAME` (TensorBoard, W&B, ...)
@@ -63,6 +68,16 @@ class RLLMHookSpec:
     @hookspec
     def rllm_register_benchmarks(self) -> list[Any]:
         """Return Benchmark objects this plugin provides."""
+        raise NotImplementedError
+
+    @hookspec
+    def rllm_register_benchmark_sources(self) -> list[Any]:
+        """Return BenchmarkSourceSpec objects: benchmarks built on demand from a `PREFIX:ARG` name."""
+        raise NotImplementedError
+
+    @hookspec
+    def rllm_register_eval_endpoints(self) -> list[Any]:
+        """Return EvalEndpointSpec objects: the models a backend serves for `rllm eval --backend NAME`."""
         raise NotImplementedError
 
     @hookspec

@@ -30,8 +30,9 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from rllm_core.errors import ConfigError, RLLMError
+from rllm_core.plugins import PluginManager, get_plugin_manager
 
-__all__ = ["Logger", "LoggerGroup", "LoggerSpec", "metric_tag", "open_loggers", "scalar_metrics"]
+__all__ = ["Logger", "LoggerGroup", "LoggerSpec", "get_loggers", "metric_tag", "open_loggers", "scalar_metrics"]
 
 log = logging.getLogger("rllm.loggers")
 
@@ -138,18 +139,14 @@ class LoggerGroup:
 
 
 def open_loggers(names: Sequence[str], run_dir: Path, config: Mapping[str, Any], *,
-                 plugins: Any | None = None) -> LoggerGroup:
+                 plugins: PluginManager | None = None) -> LoggerGroup:
     """Open the loggers `names` (e.g. ["tensorboard", "wandb"]) for the run in `run_dir` and give each the
     run's `config`. Unknown names and missing packages raise ConfigError before anything is opened; a logger
     whose factory fails otherwise is logged and left out. `plugins`: a PluginManager (default: the process's)."""
     wanted = list(dict.fromkeys(n.strip() for n in names if n and n.strip()))
     if not wanted:
         return LoggerGroup()
-    if plugins is None:
-        from rllm_core.plugins import get_plugin_manager
-
-        plugins = get_plugin_manager()
-    specs: dict[str, LoggerSpec] = plugins.loggers()
+    specs = get_loggers(plugins)
     for name in wanted:
         if name not in specs:
             raise ConfigError(_unknown(name, specs))
@@ -203,3 +200,8 @@ def _close_quietly(name: str, logger: Logger) -> None:
         logger.close()
     except Exception as exc:
         log.debug("logger %r failed to close after its error: %s", name, exc)
+
+
+def get_loggers(pm: PluginManager | None = None) -> dict[str, LoggerSpec]:
+    """Metric loggers by name (`rllm_register_loggers`); on a clash the first in call order wins."""
+    return (pm or get_plugin_manager()).collect_named("rllm_register_loggers")

@@ -16,63 +16,22 @@ import threading
 from collections.abc import Callable, Generator
 from dataclasses import dataclass, field
 from importlib.metadata import entry_points
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import pluggy
 
 from rllm_core.errors import PluginError
 from rllm_core.hookspecs import PROJECT, RLLMHookSpec
 
-if TYPE_CHECKING:
-    from rllm_core.loggers import LoggerSpec
-
 __all__ = [
-    "AdapterSpec",
-    "BackendSpec",
     "PluginInfo",
     "PluginManager",
     "get_plugin_manager",
+    "hook_kind",
     "reset_plugin_manager",
 ]
 
 log = logging.getLogger("rllm.plugins")
-
-_KIND_BY_HOOK = {
-    "rllm_register_adapters": "adapter",
-    "rllm_register_backends": "backend",
-    "rllm_register_benchmarks": "benchmark",
-    "rllm_register_commands": "command",
-    "rllm_register_loggers": "logger",
-    "rllm_register_sandbox_providers": "sandbox",
-    "rllm_on_llm_call": "events",
-    "rllm_on_episode_end": "events",
-}
-
-
-@dataclass(frozen=True)
-class AdapterSpec:
-    """An agent-framework adapter: where it lives, which extra installs it, which versions were tested."""
-
-    name: str
-    module: str
-    framework: str
-    extra: str | None = None
-    tested_versions: str | None = None
-    description: str = ""
-
-
-@dataclass(frozen=True)
-class BackendSpec:
-    """A training backend: `factory(config)` returns an object implementing the Backend protocol."""
-
-    name: str
-    factory: Callable[..., Any]
-    description: str = ""
-    requires: str | None = None
-    eval_endpoint: Callable[[str], Any] | None = None
-    """Optional: `eval_endpoint(model)` → a context manager yielding an `rllm_core.eval.Endpoint` that serves
-    `model` (a base model name or a run directory of this backend), for `rllm eval --backend NAME`."""
-
 
 @dataclass
 class PluginInfo:
@@ -165,7 +124,7 @@ class PluginManager:
             if self.pm.has_plugin(name):
                 self.pm.unregister(name=name)
             raise PluginError(f"plugin {name!r} does not match rllm's hook specs: {_mismatch(exc)}") from exc
-        kinds = sorted({_KIND_BY_HOOK[h.name] for h in self.pm.get_hookcallers(plugin) or []})
+        kinds = sorted({hook_kind(h.name) for h in self.pm.get_hookcallers(plugin) or []})
         self.infos.append(PluginInfo(name, kinds=kinds, version=version, source=source))
 
     def emit(self, hook_name: str, **kwargs: Any) -> None:
@@ -193,15 +152,23 @@ class PluginManager:
 
     def _plugin_failed(self, plugin_name: str, hook_name: str, exc: Exception) -> None:
         """What an implementation's exception becomes: a log line for events, a reported error otherwise."""
-        if _KIND_BY_HOOK.get(hook_name) == "events":
+        if hook_kind(hook_name) == "events":
             log.error("rllm plugin %r failed in %s", plugin_name, hook_name, exc_info=exc)
             return
         log.warning("rllm plugin %r failed in %s: %s", plugin_name, hook_name, exc)
         self.report_error(plugin_name, f"{hook_name}: {type(exc).__name__}: {exc}")
 
-    def _collect(self, hook_name: str) -> list[Any]:
-        """Concatenate every plugin's registration list, in call order."""
+    def collect(self, hook_name: str) -> list[Any]:
+        """Every plugin's registration list for `hook_name`, concatenated in call order."""
         return [item for result in self.call_each(hook_name) for item in result or []]
+
+    def collect_named(self, hook_name: str) -> dict[str, Any]:
+        """The registered specs by their `name`; on a clash the first in call order wins (a tryfirst or
+        later-registered plugin overrides a built-in)."""
+        found: dict[str, Any] = {}
+        for spec in self.collect(hook_name):
+            found.setdefault(spec.name, spec)
+        return found
 
     def report_error(self, name: str, error: str) -> None:
         """Attach an error to plugin `name` (shown by `rllm plugins`), e.g. when one of its hooks raised."""
@@ -211,35 +178,14 @@ class PluginManager:
                 return
         self.infos.append(PluginInfo(name, error=error))
 
-    def adapters(self) -> list[AdapterSpec]:
-        return self._collect("rllm_register_adapters")
 
-    def backends(self) -> dict[str, BackendSpec]:
-        """Backends by name; on a clash the first in call order wins (a tryfirst or later-registered plugin
-        overrides a built-in), as for benchmarks."""
-        found: dict[str, BackendSpec] = {}
-        for spec in self._collect("rllm_register_backends"):
-            found.setdefault(spec.name, spec)
-        return found
-
-    def benchmarks(self) -> list[Any]:
-        return self._collect("rllm_register_benchmarks")
-
-    def sandbox_providers(self) -> dict[str, Any]:
-        """Sandbox providers by name (rllm_core.sandbox.SandboxProviderSpec); on a clash the first in call order
-        wins, as for backends."""
-        found: dict[str, Any] = {}
-        for spec in self._collect("rllm_register_sandbox_providers"):
-            found.setdefault(spec.name, spec)
-        return found
-
-    def loggers(self) -> dict[str, LoggerSpec]:
-        """Metric loggers by name (rllm_core.loggers.LoggerSpec); on a clash the first in call order wins, as
-        for backends."""
-        found: dict[str, LoggerSpec] = {}
-        for spec in self._collect("rllm_register_loggers"):
-            found.setdefault(spec.name, spec)
-        return found
+def hook_kind(hook_name: str) -> str:
+    """What `rllm plugins` calls a plugin implementing `hook_name`: `rllm_register_sandbox_providers` →
+    "sandbox", `rllm_register_adapters` → "adapter"; every `rllm_on_*` hook → "events". Derived from the name,
+    so the manager knows no plugin kinds and a new seam needs no entry here."""
+    if hook_name.startswith("rllm_on_"):
+        return "events"
+    return hook_name.removeprefix("rllm_register_").split("_")[0].removesuffix("s")
 
 
 def _isolate(impl: pluggy.HookImpl, report: Callable[[Exception], None]) -> None:

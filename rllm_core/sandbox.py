@@ -9,7 +9,7 @@ backends and adapters; `get_sandbox_provider(name)` builds one, or lists the ins
 While a sandboxed episode runs, `current_sandbox()` returns its sandbox (a context variable, so it follows the
 agent into threads and asyncio tasks): that is the handle a user's own `@rllm.rollout` agent gets.
 
-`rllm_core.testing.sandbox_double` has a provider double (plain subprocesses in a temp dir, no isolation) for tests
+`rllm_testing.sandbox_double` has a provider double (plain subprocesses in a temp dir, no isolation) for tests
 of code that uses sandboxes; it is not a sandbox.
 """
 
@@ -24,10 +24,11 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from rllm_core.errors import ConfigError, RLLMError
+from rllm_core.plugins import PluginManager, get_plugin_manager
 
 __all__ = ["DEFAULT_WORKDIR", "EnvironmentSpec", "ExecResult", "Sandbox", "SandboxError", "SandboxProvider",
            "SandboxProviderSpec", "SandboxResources", "aexec", "current_sandbox", "get_sandbox_provider",
-           "sandbox_scope"]
+           "get_sandbox_providers", "sandbox_scope"]
 
 DEFAULT_WORKDIR = "/app"
 """The agent's working directory unless a task says otherwise (Terminal-Bench's convention)."""
@@ -124,13 +125,16 @@ class SandboxProviderSpec:
 
 def get_sandbox_provider(name: str, **options: Any) -> SandboxProvider:
     """The provider registered as `name` (through `rllm_register_sandbox_providers`); lists the installed ones."""
-    from rllm_core.plugins import get_plugin_manager
-
-    specs = get_plugin_manager().sandbox_providers()
+    specs = get_sandbox_providers()
     if name not in specs:
         known = ", ".join(sorted(specs)) or "none"
         raise ConfigError(f"unknown sandbox provider {name!r}; installed: {known} (see `rllm plugins`)")
     return specs[name].factory(**options)
+
+
+def get_sandbox_providers(pm: PluginManager | None = None) -> dict[str, SandboxProviderSpec]:
+    """Sandbox providers by name (`rllm_register_sandbox_providers`); on a clash the first in call order wins."""
+    return (pm or get_plugin_manager()).collect_named("rllm_register_sandbox_providers")
 
 
 _current: ContextVar[Sandbox | None] = ContextVar("rllm_current_sandbox", default=None)

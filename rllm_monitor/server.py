@@ -2,7 +2,7 @@
 
 `make_app(root, token)` builds the aiohttp application (tests drive it in-process); `start_view_server`
 runs it on a background thread with its own event loop and returns once the port is bound, like the policy
-server (rllm_backends/local_torch/serving/server.py), so the CLI, tests and benchmarks share one code path.
+server (rllm_serve/server.py), so the CLI, tests and benchmarks share one code path.
 
 Safety: runs hold prompts and completions, so the server listens on loopback unless told otherwise, and any
 other host needs a token. With a token every /api request must carry it (``Authorization: Bearer T``,

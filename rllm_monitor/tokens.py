@@ -72,7 +72,7 @@ class TokenizerCache:
 
 def _load_tokenizer(model: str) -> Any:
     try:  # lazily: rllm_backends' serving package imports torch, which the monitor must not need
-        from rllm_backends.local_torch.serving.models import BUILTIN_MODELS, load_tokenizer, model_dir
+        from rllm_serve.models import BUILTIN_MODELS, load_tokenizer, model_dir
 
         if model in BUILTIN_MODELS:
             return load_tokenizer(model)

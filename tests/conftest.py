@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import os
 
-import rllm_core.openmp  # noqa: F401  (bounds OpenMP spinning before torch loads)
+import rllm_core.cpu_runtime  # noqa: F401  (bounds OpenMP spinning and the oneDNN cache before torch loads)
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from rllm_core.testing.fake_upstream import FakeUpstream, start_fake_upstream
+from rllm_testing.fake_upstream import FakeUpstream, start_fake_upstream
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
 

@@ -29,7 +29,7 @@ from test_adapter_support import (
 
 import rllm
 from rllm_adapters.autogen import NamedModelClient, adhoc_episodes, named_clients, wrap_team
-from rllm_core.testing.fake_upstream import FakeUpstream, default_responder, start_fake_upstream
+from rllm_testing.fake_upstream import FakeUpstream, default_responder, start_fake_upstream
 
 INFO: Any = {"vision": False, "function_calling": True, "json_output": False, "family": "unknown",
              "structured_output": False}

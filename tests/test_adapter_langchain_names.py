@@ -10,7 +10,7 @@ from openai import AsyncOpenAI
 import rllm
 from rllm_adapters.langchain import RLLMCallbackHandler
 from rllm_core.context import CallAgentName, agent_scope, current_agent
-from rllm_core.testing.fake_upstream import FakeUpstream
+from rllm_testing.fake_upstream import FakeUpstream
 
 
 @rllm.rollout

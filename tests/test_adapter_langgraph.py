@@ -39,7 +39,7 @@ from test_adapter_support import (
 import rllm
 from rllm_adapters._common import AdapterWarning
 from rllm_adapters.langgraph import RLLMCallbackHandler, install, uninstall, wrap_graph
-from rllm_core.testing.fake_upstream import FakeUpstream, default_responder, start_fake_upstream
+from rllm_testing.fake_upstream import FakeUpstream, default_responder, start_fake_upstream
 
 SHAPE = [("planner", 1), ("agent", 2)]
 

@@ -23,8 +23,8 @@ from test_responses_api import assert_responses_exact
 import rllm
 from rllm_adapters.openai_agents import install, run_config
 from rllm_adapters.openai_sdk import AGENT_HEADER, agent_of, wrap_client
-from rllm_core.testing.fake_upstream import FakeUpstream
 from rllm_core.types import Step
+from rllm_testing.fake_upstream import FakeUpstream
 
 
 def assert_call_exact(up: FakeUpstream, step: Step) -> None:

@@ -28,9 +28,10 @@ from rllm_adapters._common import (
     require_framework,
     reset_warnings,
 )
+from rllm_core.adapters import get_adapters
 from rllm_core.plugins import PluginManager
-from rllm_core.testing.fake_upstream import FakeUpstream, default_responder, encode, token_logprob
 from rllm_core.types import Episode, Step
+from rllm_testing.fake_upstream import FakeUpstream, default_responder, encode, token_logprob
 
 ADAPTERS = ["autogen", "langchain", "langgraph", "openai_agents", "openai_sdk"]
 
@@ -124,7 +125,7 @@ def test_adapter_names_warn_once_when_the_framework_is_outside_the_range() -> No
 
 def test_installed_frameworks_are_inside_the_tested_ranges() -> None:
     """The ranges the warnings name are the versions CI runs these tests with, not wishes."""
-    for spec in PluginManager().adapters():
+    for spec in get_adapters(PluginManager()):
         if spec.name in ADAPTERS:
             assert spec.tested_versions and Version(version(spec.framework)) in SpecifierSet(spec.tested_versions), (
                 f"{spec.framework} {version(spec.framework)} is not in {spec.name}'s tested range "
@@ -164,7 +165,7 @@ def test_adapter_plugins_register_without_importing_frameworks() -> None:
     for name in ADAPTERS:
         assert name in infos and infos[name].error is None, infos.get(name)
         assert "adapter" in infos[name].kinds
-    specs = {s.name: s for s in pm.adapters()}
+    specs = {s.name: s for s in get_adapters(pm)}
     assert set(ADAPTERS) <= set(specs)
     assert specs["autogen"].extra == "autogen" and specs["autogen"].tested_versions == ">=0.7,<0.8"
 

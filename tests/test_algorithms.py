@@ -7,7 +7,9 @@ import math
 import pytest
 import torch
 
-from rllm_core.algorithms import (
+from rllm_core.errors import ConfigError
+from rllm_core.types import Episode, Task, Trajectory, TrajectoryGroup
+from rllm_train.algorithms import (
     agg_loss,
     compute_advantages,
     filter_groups,
@@ -17,8 +19,6 @@ from rllm_core.algorithms import (
     policy_loss_with_metrics,
     requires_groups,
 )
-from rllm_core.errors import ConfigError
-from rllm_core.types import Episode, Task, Trajectory, TrajectoryGroup
 
 R = [1.0, 0.0, 0.0, 1.0, 1.0, 5.0]
 G = ["a", "a", "a", "a", "b", "c"]  # group a: 4 rows, b: 2 rows (equal?) no: b and c singletons
@@ -203,7 +203,7 @@ def test_k3_kl_gradients_stay_finite_for_huge_ratios_even_where_masked() -> None
     """A log-ratio of ±80 (a token the reference finds impossible) must not turn the gradient into NaN."""
     import torch
 
-    from rllm_core.algorithms import kl_penalty, policy_loss_with_metrics
+    from rllm_train.algorithms import kl_penalty, policy_loss_with_metrics
 
     logp = torch.tensor([[-0.5, -90.0, -0.2]], requires_grad=True)
     ref = torch.tensor([[-0.4, -0.1, -85.0]])

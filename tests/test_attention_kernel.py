@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from rllm_backends.local_torch.serving import attention_kernel
-from rllm_backends.local_torch.serving.attention_kernel import kernel_available, kernel_plan, paged_attend
+from rllm_serve import attention_kernel
+from rllm_serve.attention_kernel import kernel_available, kernel_plan, paged_attend
 
 pytestmark = pytest.mark.skipif(not kernel_available(torch.float32, torch.device("cpu")),
                                 reason="numba is not installed")

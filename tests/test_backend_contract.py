@@ -1,4 +1,4 @@
-"""The shared backend contract (rllm_core.testing.backend_contract) run against our backends: the local torch
+"""The shared backend contract (rllm_testing.backend_contract) run against our backends: the local torch
 backend on tiny-random, the recording double over one upstream, and over two replicas with a Future-returning
 train_step. A third-party backend runs the same suite by subclassing BackendContract."""
 
@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
-from rllm_core.backend import Backend, RecordingBackend
-from rllm_core.testing.backend_contract import BackendContract
-from rllm_core.testing.fake_upstream import FakeUpstream, start_fake_upstream
-from rllm_core.training.config import TrainConfig
+from rllm_testing.backend_contract import BackendContract
+from rllm_testing.fake_upstream import FakeUpstream, start_fake_upstream
+from rllm_testing.recording_backend import RecordingBackend
+from rllm_train.backend import Backend
+from rllm_train.config import TrainConfig
 
 
 @pytest.fixture(scope="module")

@@ -12,10 +12,10 @@ import torch
 
 from rllm_backends.local_torch.backend import LocalTorchBackend
 from rllm_backends.local_torch.logprobs import collate, sequence_logprobs
-from rllm_core.backend import Backend, create_backend
 from rllm_core.errors import ConfigError
-from rllm_core.training.config import TrainConfig
-from rllm_core.training.packing import TrainRow
+from rllm_train.backend import Backend, create_backend
+from rllm_train.config import TrainConfig
+from rllm_train.packing import TrainRow
 
 TEMP = 0.7
 
@@ -132,8 +132,8 @@ def test_local_backend_is_registered() -> None:
 def test_the_server_drops_its_weights_during_the_update_and_a_failed_step_gives_them_back() -> None:
     """The server's packed copy is not held while the trainer updates (the update's peak memory); after a step
     that raised, the server serves the unchanged weights at the unchanged version."""
-    from rllm_backends.local_torch.serving.packed_linear import packing_available, packs_released
     from rllm_core.errors import TrainingError
+    from rllm_serve.packed_linear import packing_available, packs_released
 
     backend = LocalTorchBackend()
     backend.setup(_cfg())

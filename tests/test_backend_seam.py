@@ -11,17 +11,18 @@ from typing import Any
 
 import pytest
 
-from rllm_core.backend import BackendCapabilities, PolicyEndpoint, RecordingBackend, check_capabilities
 from rllm_core.errors import ConfigError, TrainingError
-from rllm_core.gateway.config import UpstreamConfig
-from rllm_core.gateway.router import Upstream, UpstreamRouter
-from rllm_core.testing.fake_upstream import FakeUpstream, start_fake_upstream
-from rllm_core.training.config import TrainConfig
-from rllm_core.training.loop import train
-from rllm_core.training.packing import TrainRow, pack_trajectory
-from rllm_core.training.rundir import RunDir
-from rllm_core.training.testing import YesNoBenchmark, alternating_responder
 from rllm_core.types import Step, Trajectory
+from rllm_rollout.gateway.config import UpstreamConfig
+from rllm_rollout.gateway.router import Upstream, UpstreamRouter
+from rllm_testing.fake_upstream import FakeUpstream, start_fake_upstream
+from rllm_testing.recording_backend import RecordingBackend
+from rllm_testing.training import YesNoBenchmark, alternating_responder
+from rllm_train.backend import BackendCapabilities, PolicyEndpoint, check_capabilities
+from rllm_train.config import TrainConfig
+from rllm_train.loop import train
+from rllm_train.packing import TrainRow, pack_trajectory
+from rllm_train.rundir import RunDir
 
 
 @pytest.fixture
@@ -111,8 +112,7 @@ def test_router_replace_keeps_surviving_workers_and_drops_gone_sessions() -> Non
 
 
 def test_create_backend_names_the_missing_v2_methods(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rllm_core import plugins
-    from rllm_core.backend import create_backend
+    from rllm_train import backend
 
     class V1Backend:
         name = "v1"
@@ -125,16 +125,15 @@ def test_create_backend_names_the_missing_v2_methods(monkeypatch: pytest.MonkeyP
         def load(self, path: Any) -> None: ...
         def shutdown(self) -> None: ...
 
-    manager = plugins.get_plugin_manager()
-    monkeypatch.setattr(manager, "backends", lambda: {"v1": plugins.BackendSpec("v1", lambda c: V1Backend())})
+    monkeypatch.setattr(backend, "get_backends", lambda: {"v1": backend.BackendSpec("v1", lambda c: V1Backend())})
     with pytest.raises(ConfigError, match=r"capabilities, before_rollouts, after_rollouts.*BackendBase"):
-        create_backend("v1", TrainConfig())
+        backend.create_backend("v1", TrainConfig())
 
 
 def test_resolve_metrics_accepts_dicts_futures_and_awaitables() -> None:
     import asyncio
 
-    from rllm_core.backend import resolve_metrics
+    from rllm_train.backend import resolve_metrics
 
     fut: concurrent.futures.Future = concurrent.futures.Future()
     fut.set_result({"loss": 1.0})

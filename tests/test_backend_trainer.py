@@ -10,10 +10,10 @@ import pytest
 import torch
 
 from rllm_backends.local_torch.trainer import TorchTrainer
-from rllm_core.algorithms import compute_advantages
 from rllm_core.errors import TrainingError
-from rllm_core.training.config import TrainConfig
-from rllm_core.training.packing import TrainRow
+from rllm_train.algorithms import compute_advantages
+from rllm_train.config import TrainConfig
+from rllm_train.packing import TrainRow
 
 VOCAB, TARGET = 32, 7
 

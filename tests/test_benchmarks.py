@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from rllm_core.benchmarks import Benchmark, get_benchmark, list_benchmarks
 from rllm_core.errors import BenchmarkError
 from rllm_core.types import Episode, Step, Task, Trajectory
+from rllm_envs.benchmarks import Benchmark, get_benchmark, list_benchmarks
 
 FILE_SETS = ["gsm8k", "math500", "aime24", "amc23", "minerva_math", "olympiadbench", "svamp", "asdiv", "mawps"]
 
@@ -163,11 +163,11 @@ def test_frozenlake_plan_and_reasons() -> None:
 
 
 def test_public_surface() -> None:
-    import rllm_core.benchmarks as benchmarks
-    import rllm_core.engine as engine
-    import rllm_core.eval as evaluation
-    import rllm_core.rewards as rewards
-    import rllm_core.workflows as workflows
+    import rllm_envs.benchmarks as benchmarks
+    import rllm_envs.eval as evaluation
+    import rllm_envs.rewards as rewards
+    import rllm_envs.workflows as workflows
+    import rllm_rollout.engine as engine
 
     assert {"Benchmark", "get_benchmark", "list_benchmarks", "RewardResult"} <= set(benchmarks.__all__)
     assert {"run_episodes", "score_episode"} <= set(engine.__all__)
@@ -181,7 +181,7 @@ def test_public_surface() -> None:
 def test_third_party_benchmark_through_the_hook() -> None:
     from rllm_core.hookspecs import hookimpl
     from rllm_core.plugins import get_plugin_manager, reset_plugin_manager
-    from rllm_core.rewards import RewardResult
+    from rllm_envs.rewards import RewardResult
 
     class Echo(Benchmark):
         name, category, reward = "echo-test", "demo", "exact"
@@ -222,7 +222,7 @@ def test_file_sets_load_from_the_hub_when_no_local_file(tmp_path: Path, monkeypa
         return [{"question": "Tom has 2 apples and gets 3. How many?", "answer": "2 + 3 = 5\n#### 5"}]
 
     monkeypatch.setattr(datasets, "load_dataset", fake_load)
-    monkeypatch.setattr("rllm_core.benchmarks.dataset.hub_unreachable", lambda: None)  # as if online
+    monkeypatch.setattr("rllm_envs.benchmarks.dataset.hub_unreachable", lambda: None)  # as if online
     monkeypatch.setenv("RLLM_DATA_DIR", str(tmp_path))
     bench = get_benchmark("gsm8k")
     assert not bench.offline
@@ -236,7 +236,7 @@ def test_file_sets_load_from_the_hub_when_no_local_file(tmp_path: Path, monkeypa
 def test_unreachable_hub_fails_fast_with_the_dataset_id(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     import time
 
-    from rllm_core.benchmarks import data
+    from rllm_rollout.benchmarks import data
 
     monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
     monkeypatch.delenv("HF_DATASETS_OFFLINE", raising=False)
@@ -257,7 +257,7 @@ def test_unreachable_hub_fails_fast_with_the_dataset_id(tmp_path: Path, monkeypa
 def test_bench_cli_rejects_a_missing_data_dir(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
-    from rllm_core.cli.app import build_app
+    from rllm.cli.app import build_app
 
     res = CliRunner().invoke(build_app(), ["bench", "list", "--data-dir", str(tmp_path / "nope")])
     assert res.exit_code == 2 and "does not exist" in res.output and "--data-dir" in res.output
@@ -287,7 +287,7 @@ def test_registry_rejects_an_object_that_is_not_a_benchmark() -> None:
     reset_plugin_manager()
     try:
         get_plugin_manager().register(Plugin(), name="half-plugin")
-        with pytest.raises(PluginError, match=r"has no 'load'.*subclass rllm_core\.benchmarks\.Benchmark"):
+        with pytest.raises(PluginError, match=r"has no 'load'.*subclass rllm_rollout\.benchmarks\.base\.Benchmark"):
             list_benchmarks()
     finally:
         reset_plugin_manager()

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from rllm_core.benchmarks import get_benchmark
-from rllm_core.benchmarks.frozenlake import ACTIONS, solve
-from rllm_core.engine import run_episodes
-from rllm_core.testing.fake_upstream import start_fake_upstream
+from rllm_envs.benchmarks import get_benchmark
+from rllm_envs.benchmarks.frozenlake import ACTIONS, solve
+from rllm_rollout.engine import run_episodes
+from rllm_testing.fake_upstream import start_fake_upstream
 
 
 def _planner(body: dict[str, Any]) -> str:

@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 
-from rllm_core.benchmarks import get_benchmark
+from rllm_envs.benchmarks import get_benchmark
 
 ROWS: dict[str, tuple[dict[str, Any], str | None, str]] = {
     # name: (row in the Hub's fields, a correct response (None: the reference one), a wrong response)
@@ -71,7 +71,7 @@ def test_hub_benchmark_from_local_file(name: str, tmp_path: Path, monkeypatch: p
 
 
 def test_every_hub_only_entry_is_covered() -> None:
-    from rllm_core.benchmarks.hub_sets import hub_benchmarks
+    from rllm_envs.benchmarks.hub_sets import hub_benchmarks
 
     assert {b.name for b in hub_benchmarks()} == set(ROWS)
 

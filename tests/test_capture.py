@@ -10,11 +10,11 @@ import httpx
 import openai
 import pytest
 
-from rllm_core.capture import CallAssembler, install, prepare_call
 from rllm_core.context import EpisodeContext, agent_scope, episode_scope
-from rllm_core.gateway import UpstreamConfig, start_gateway
-from rllm_core.testing.fake_upstream import encode, token_logprob
 from rllm_core.types import Step
+from rllm_rollout.capture import CallAssembler, install, prepare_call
+from rllm_rollout.gateway import UpstreamConfig, start_gateway
+from rllm_testing.fake_upstream import encode, token_logprob
 
 MSGS = [{"role": "user", "content": "hello there"}]
 TOOLS = [{"type": "function", "function": {"name": "add", "parameters": {"type": "object", "properties": {}}}}]

@@ -41,8 +41,8 @@ from test_capture_properties_support import (
     stripped,
 )
 
-from rllm_core.capture import CallAssembler
 from rllm_core.types import Step
+from rllm_rollout.capture import CallAssembler
 
 
 # ---------------------------------------------------------------------------------- the assembler on its own

@@ -21,9 +21,9 @@ from typing import Any
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 
-from rllm_core.capture import CallAssembler, prepare_call
-from rllm_core.capture.responses import make_assembler
 from rllm_core.types import Step
+from rllm_rollout.capture import CallAssembler, prepare_call
+from rllm_rollout.capture.responses import make_assembler
 
 STREAMS = {p.stem: p.read_bytes() for p in sorted((Path(__file__).parent / "data" / "streams").glob("*.sse"))}
 MSGS = [{"role": "user", "content": "hi"}]

@@ -34,12 +34,13 @@ from test_capture_properties_support import (
     source,
 )
 
-from rllm_core.capture import CallAssembler, install
-from rllm_core.capture.responses import ResponsesAssembler, input_to_messages
 from rllm_core.context import EpisodeContext, episode_scope
-from rllm_core.gateway import UpstreamConfig, start_gateway
-from rllm_core.testing.fake_upstream import FakeUpstream
 from rllm_core.types import Step
+from rllm_rollout.capture import CallAssembler, install
+from rllm_rollout.capture.responses import ResponsesAssembler
+from rllm_rollout.capture.responses_input import input_to_messages
+from rllm_rollout.gateway import UpstreamConfig, start_gateway
+from rllm_testing.fake_upstream import FakeUpstream
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -174,7 +175,7 @@ def test_the_openai_sdk_reads_odd_streams_in_process_and_through_the_gateway(chu
 
 
 def test_a_corrupt_compressed_reply_is_passed_on_and_recorded_as_such():
-    from rllm_core.capture.inprocess import _Recording
+    from rllm_rollout.capture.inprocess import _Recording
 
     ctx = EpisodeContext(session_id="gz")
     rec = _Recording(CallAssembler(call_for("chat", False, False), sse=False), ctx.recorder, "gzip")

@@ -9,9 +9,9 @@ from typing import Any
 
 import pytest
 
-from rllm_core.capture import CallAssembler, prepare_call
-from rllm_core.training.packing import pack_trajectory
 from rllm_core.types import Step, Trajectory
+from rllm_rollout.capture import CallAssembler, prepare_call
+from rllm_train.packing import pack_trajectory
 
 PROMPT = [1, 2, 3]
 

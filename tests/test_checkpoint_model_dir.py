@@ -13,13 +13,13 @@ import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
+from rllm.cli.app import build_app
 from rllm_backends.local_torch.backend import LocalTorchBackend
-from rllm_backends.local_torch.run_model import checkpoint_info, resolve_checkpoint
-from rllm_backends.local_torch.serving.models import load_model
-from rllm_core.cli.app import build_app
 from rllm_core.errors import ConfigError, TrainingError
-from rllm_core.training.config import load_config
-from rllm_core.training.loop import train
+from rllm_serve.models import load_model
+from rllm_serve.run_model import checkpoint_info, resolve_checkpoint
+from rllm_train.config import load_config
+from rllm_train.loop import train
 
 pytestmark = pytest.mark.slow  # a few 2-step tiny-random runs (seconds each)
 
@@ -64,7 +64,7 @@ def test_model_takes_a_run_and_serves_the_trained_weights(full_run: tuple[Path, 
     the trainer's weights."""
     import openai
 
-    from rllm_backends.local_torch.serving import start_policy_server
+    from rllm_serve import start_policy_server
 
     run, trained = full_run
     assert resolve_checkpoint(str(run)) == run / "checkpoints" / "step_2"

@@ -18,20 +18,20 @@ import openai
 import pytest
 from typer.testing import CliRunner
 
-from rllm_core.benchmarks import get_benchmark
-from rllm_core.cli.app import build_app
-from rllm_core.engine import (
+from rllm.cli.app import build_app
+from rllm_core.io import read_jsonl
+from rllm_core.types import Episode, Task
+from rllm_envs.benchmarks import get_benchmark
+from rllm_envs.eval.summary import print_summary, summarize
+from rllm_rollout.chat import chat, make_client
+from rllm_rollout.engine import (
     CONTEXT_EXCEEDED,
     context_exceeded_message,
     is_context_exceeded,
     mark_context_exceeded,
     run_episodes,
 )
-from rllm_core.eval.summary import print_summary, summarize
-from rllm_core.io import read_jsonl
-from rllm_core.rollout import RolloutConfig, rollout
-from rllm_core.types import Episode, Task
-from rllm_core.workflows.chat import chat, make_client
+from rllm_rollout.rollout import RolloutConfig, rollout
 
 CONTEXT = 320
 """Tokens of context the test server allows: the FrozenLake intro (~150 with the chat template) fits, a few turns
@@ -42,8 +42,8 @@ SAMPLING = {"temperature": 0.0, "max_tokens": 24}
 @pytest.fixture(scope="module")
 def small_server() -> Iterator[Any]:
     """tiny-random served with a CONTEXT-token context (the server reads it from max_position_embeddings)."""
-    from rllm_backends.local_torch.serving import start_policy_server
-    from rllm_backends.local_torch.serving.models import load_model
+    from rllm_serve import start_policy_server
+    from rllm_serve.models import load_model
 
     loaded = load_model("tiny-random")
     loaded.model.config.max_position_embeddings = CONTEXT

@@ -6,11 +6,11 @@ import asyncio
 import re
 from typing import Any
 
-from rllm_core.benchmarks import get_benchmark
-from rllm_core.engine import episode_token_counts, run_episodes
-from rllm_core.rollout import RolloutConfig, rollout
-from rllm_core.testing.fake_upstream import start_fake_upstream
 from rllm_core.types import Episode, Task
+from rllm_envs.benchmarks import get_benchmark
+from rllm_rollout.engine import episode_token_counts, run_episodes
+from rllm_rollout.rollout import RolloutConfig, rollout
+from rllm_testing.fake_upstream import start_fake_upstream
 
 
 def _arith_responder(body: dict[str, Any]) -> str:
@@ -48,7 +48,7 @@ async def test_crash_timeout_and_truncation_are_recorded_not_raised() -> None:
 
     @rollout(name="flaky")
     async def flaky(task: Task, config: RolloutConfig) -> Any:
-        from rllm_core.workflows.chat import chat, make_client, task_messages
+        from rllm_rollout.chat import chat, make_client, task_messages
 
         index = int(task.id.rsplit(":", 1)[1])
         if index == 0:

@@ -13,16 +13,16 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from rllm_backends.local_torch.serving import engine as engine_module
-from rllm_backends.local_torch.serving import load_model, step
-from rllm_backends.local_torch.serving.attention_kernel import kernel_available
-from rllm_backends.local_torch.serving.engine import DecodeEngine
-from rllm_backends.local_torch.serving.kv_pool import BlockTable, KVPool, PoolExhausted, pool_shape
-from rllm_backends.local_torch.serving.models import LoadedModel
-from rllm_backends.local_torch.serving.packed_linear import PackedLayers
-from rllm_backends.local_torch.serving.paged_attention import attend
-from rllm_backends.local_torch.serving.sampling import SamplingParams
-from rllm_backends.local_torch.serving.sequence import GenerationRequest, TokenEvent
+from rllm_serve import engine as engine_module
+from rllm_serve import load_model, step
+from rllm_serve.attention_kernel import kernel_available
+from rllm_serve.engine import DecodeEngine
+from rllm_serve.kv_pool import BlockTable, KVPool, PoolExhausted, pool_shape
+from rllm_serve.models import LoadedModel
+from rllm_serve.packed_linear import PackedLayers
+from rllm_serve.paged_attention import attend
+from rllm_serve.sampling import SamplingParams
+from rllm_serve.sequence import GenerationRequest, TokenEvent
 
 
 # ---------------------------------------------------------------------- the pool

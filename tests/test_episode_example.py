@@ -13,10 +13,10 @@ from openai import AsyncOpenAI, OpenAI
 from pydantic import ValidationError
 
 import rllm
-from rllm_core.benchmarks import get_benchmark
-from rllm_core.engine import run_episodes
 from rllm_core.io import read_jsonl, write_jsonl
-from rllm_core.testing.fake_upstream import FakeUpstream, start_fake_upstream
+from rllm_envs.benchmarks import get_benchmark
+from rllm_rollout.engine import run_episodes
+from rllm_testing.fake_upstream import FakeUpstream, start_fake_upstream
 
 
 @rllm.rollout

@@ -10,16 +10,16 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from rllm_core.cli.app import build_app
+from rllm.cli.app import build_app
 from rllm_core.io import read_jsonl
 from rllm_core.net import free_port
-from rllm_core.testing.fake_upstream import start_fake_upstream
+from rllm_testing.fake_upstream import start_fake_upstream
 
 runner = CliRunner()
 
 AGENTS = '''
 import rllm
-from rllm_core.workflows.chat import chat, make_client, task_messages
+from rllm_rollout.chat import chat, make_client, task_messages
 
 @rllm.rollout
 async def flaky(task, config):
@@ -193,7 +193,7 @@ def test_eval_workflow_with_options(tmp_path: Path) -> None:
 
 
 def test_endpoint_warns_about_an_unlisted_model_and_a_missing_models_route(caplog: pytest.LogCaptureFixture) -> None:
-    from rllm_core.eval.endpoint import open_endpoint
+    from rllm_envs.eval.endpoint import open_endpoint
 
     with start_fake_upstream() as up, caplog.at_level("WARNING", logger="rllm.eval"):
         with open_endpoint(up.base_url, "no-such-model") as ep:
@@ -209,7 +209,7 @@ def test_endpoint_warns_about_an_unlisted_model_and_a_missing_models_route(caplo
 def test_pass_at_k_is_the_unbiased_estimator() -> None:
     from math import comb
 
-    from rllm_core.eval import pass_at_k
+    from rllm_envs.eval import pass_at_k
 
     for n, c, k in [(5, 2, 2), (10, 3, 4), (8, 0, 3), (4, 4, 1), (16, 1, 16)]:
         assert pass_at_k(n, c, k) == pytest.approx(1 - comb(n - c, k) / comb(n, k))
@@ -219,12 +219,12 @@ def test_pass_at_k_is_the_unbiased_estimator() -> None:
 
 def test_ctrl_c_says_what_was_kept_and_exits_130(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Ctrl-C mid-run used to end in a traceback (and wait on the gateway); now one line and exit code 130."""
-    import rllm_core.eval.runner as runner_mod
+    import rllm_rollout.engine as engine_mod
 
     async def interrupted(*args: Any, on_episode: Any, **kwargs: Any) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(runner_mod, "run_episodes", interrupted)
+    monkeypatch.setattr(engine_mod, "run_episodes", interrupted)  # what the local rollout executor runs
     with start_fake_upstream(_gsm8k_responder) as up:
         res = _invoke("eval", "gsm8k", "-n", "3", "--base-url", up.base_url, "-o", str(tmp_path / "i"), "--no-progress")
     assert res.exit_code == 130

@@ -11,15 +11,15 @@ from typing import Any, ClassVar
 import pytest
 from typer.testing import CliRunner
 
-from rllm_core.benchmarks import get_benchmark
-from rllm_core.benchmarks.frozenlake import ACTIONS, MOVE_TOKENS, FrozenLake, solve
-from rllm_core.cli.app import build_app
+from rllm.cli.app import build_app
 from rllm_core.errors import BenchmarkError, ConfigError
-from rllm_core.eval.runner import EvalOptions, apply_eval_defaults
 from rllm_core.io import read_jsonl
-from rllm_core.testing.fake_upstream import start_fake_upstream
-from rllm_core.training.config import TrainConfig
-from rllm_core.training.setup import apply_benchmark_defaults
+from rllm_envs.benchmarks import get_benchmark
+from rllm_envs.benchmarks.frozenlake import ACTIONS, MOVE_TOKENS, FrozenLake, solve
+from rllm_envs.eval.runner import EvalOptions, apply_eval_defaults
+from rllm_testing.fake_upstream import start_fake_upstream
+from rllm_train.config import TrainConfig
+from rllm_train.setup import apply_benchmark_defaults
 
 runner = CliRunner()
 

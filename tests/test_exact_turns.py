@@ -10,11 +10,11 @@ from typing import Annotated, Any, TypedDict
 import pytest
 from openai import AsyncOpenAI
 
-from rllm_core.gateway import UpstreamConfig, start_gateway
-from rllm_core.gateway.turns import TurnTracker
-from rllm_core.rollout import rollout
-from rllm_core.training.packing import pack_trajectory
 from rllm_core.types import Step, Task
+from rllm_rollout.gateway import UpstreamConfig, start_gateway
+from rllm_rollout.gateway.turns import TurnTracker
+from rllm_rollout.rollout import rollout
+from rllm_train.packing import pack_trajectory
 
 langchain_core = pytest.importorskip("langchain_core")
 from langchain_core.messages import AnyMessage  # noqa: E402
@@ -29,7 +29,7 @@ class ChatState(TypedDict):
 
 @pytest.fixture(scope="module")
 def tokenizer() -> Any:
-    from rllm_backends.local_torch.serving.models import load_tokenizer
+    from rllm_serve.models import load_tokenizer
 
     return load_tokenizer("tiny-random")
 
@@ -43,7 +43,7 @@ def _render(tokenizer: Any) -> Any:
 
 
 def test_continued_prompt_keeps_the_sampled_tokens_and_adds_the_template(tokenizer: Any) -> None:
-    from rllm_backends.local_torch.serving.continuation import ContinueHint, continued_prompt
+    from rllm_serve.continuation import ContinueHint, continued_prompt
 
     render, eot = _render(tokenizer), frozenset({tokenizer.convert_tokens_to_ids("<|im_end|>")})
     first = [{"role": "user", "content": "Say hello"}]
@@ -102,8 +102,8 @@ async def three_turns(task: Task, config: Any) -> str:
 
 @pytest.mark.slow
 def test_multi_turn_agent_packs_into_one_row_per_trajectory() -> None:
-    from rllm_backends.local_torch.serving import start_policy_server
-    from rllm_core.engine import run_episodes
+    from rllm_rollout.engine import run_episodes
+    from rllm_serve import start_policy_server
 
     server = start_policy_server("tiny-random")
     rates = {}
@@ -127,7 +127,7 @@ def test_multi_turn_agent_packs_into_one_row_per_trajectory() -> None:
 
 
 def test_a_high_split_rate_is_said_once(monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
-    import rllm_core.training.loop as loop
+    import rllm_train.loop as loop
 
     monkeypatch.setattr(loop, "_warned_split", False)
     with caplog.at_level("WARNING", logger="rllm.train"):
@@ -148,8 +148,8 @@ def test_langgraph_agent_turns_pack_into_one_row_on_rllm_policy_server(exact: bo
     from langgraph.graph import END, START, StateGraph
 
     from rllm_adapters.langgraph import RLLMCallbackHandler
-    from rllm_backends.local_torch.serving import start_policy_server
-    from rllm_core.engine import run_episodes
+    from rllm_rollout.engine import run_episodes
+    from rllm_serve import start_policy_server
 
     @rollout
     def chat_loop(task: Task, config: Any) -> str:

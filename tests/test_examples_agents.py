@@ -4,7 +4,7 @@
 Fast: `load_agent`'s file-path form (sibling imports, one module per file, one-line errors), and each example
 against a scripted fake upstream that plays it right (FrozenLake's shortest path; the checker overruling a
 wrong solver), so the graph / team logic is checked, not only the plumbing. Slow: `tiny-random` end to end,
-2 training steps each through `rllm_core.training.loop.train`, and one `rllm_core.eval` run each. tiny-random
+2 training steps each through `rllm_train.loop.train`, and one `rllm_envs.eval` run each. tiny-random
 babbles, so its FrozenLake moves are nearly all invalid: those tests check what was recorded and trained (the
 trajectory names, one packed row per multi-turn game with its observations masked out), not accuracy.
 """
@@ -26,18 +26,18 @@ import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
-from rllm_core.benchmarks.frozenlake import ACTIONS, FrozenLake
-from rllm_core.benchmarks.frozenlake import solve as shortest_path
 from rllm_core.errors import ConfigError
-from rllm_core.eval import EvalOptions, load_agent, run_eval
 from rllm_core.io import read_jsonl
-from rllm_core.rollout import Rollout
-from rllm_core.testing.fake_upstream import start_fake_upstream
-from rllm_core.training.config import load_config
-from rllm_core.training.loop import train
-from rllm_core.training.packing import pack_trajectory
 from rllm_core.types import Episode
-from rllm_core.workflows.roles import RoleRollout
+from rllm_envs.benchmarks.frozenlake import ACTIONS, FrozenLake
+from rllm_envs.benchmarks.frozenlake import solve as shortest_path
+from rllm_envs.eval import EvalOptions, load_agent, run_eval
+from rllm_envs.workflows.roles import RoleRollout
+from rllm_rollout.rollout import Rollout
+from rllm_testing.fake_upstream import start_fake_upstream
+from rllm_train.config import load_config
+from rllm_train.loop import train
+from rllm_train.packing import pack_trajectory
 
 ROOT = Path(__file__).resolve().parents[1]
 LANGGRAPH = "examples/agents/langgraph_frozenlake.py:agent"
@@ -101,7 +101,7 @@ def test_load_agent_takes_a_file_path_and_its_sibling_imports(tmp_path: Path,
 
 ROLE_AGENT = '''
 import rllm
-from rllm_core.workflows.roles import RoleRollout
+from rllm_envs.workflows.roles import RoleRollout
 from helper_for_agent import ANSWER
 
 @rllm.rollout
@@ -125,7 +125,7 @@ def test_a_rollout_loaded_from_a_file_unpickles_in_another_process(tmp_path: Pat
     solve, debate = load_agent("agents/roles_file.py:solve"), load_agent("agents/roles_file.py:debate")
     assert isinstance(debate, RoleRollout) and debate.roles == ("solver", "judge")  # its class is kept
     (tmp_path / "rollouts.pkl").write_bytes(pickle.dumps([solve, debate]))
-    script = ("import pickle, sys; from rllm_core.workflows.roles import RoleRollout\n"
+    script = ("import pickle, sys; from rllm_envs.workflows.roles import RoleRollout\n"
               "solve, debate = pickle.load(open(sys.argv[1], 'rb'))\n"
               "assert isinstance(debate, RoleRollout) and debate.roles == ('solver', 'judge'), debate\n"
               "print(solve.name, solve.fn(None, None)['answer'], debate.name, debate.fn(None, None))")
@@ -318,9 +318,9 @@ def test_train_autogen_team_one_lora_adapter_per_agent(tmp_path: Path) -> None:
     gateway rewrites the model name by agent), each adapter trains on its own rows and is saved for reloading."""
     from peft import PeftModel
 
-    from rllm_backends.local_torch.serving import load_model
-    from rllm_core.benchmarks import get_benchmark
-    from rllm_core.rewards.types import RewardResult
+    from rllm_core.rewards import RewardResult
+    from rllm_envs.benchmarks import get_benchmark
+    from rllm_serve import load_model
 
     always_right = get_benchmark("arithmetic")  # every answer earns 1: with reinforce, every row has a gradient
     always_right.grade = lambda task, response: RewardResult.correct(extracted=response[:8])  # type: ignore[method-assign]
@@ -345,7 +345,7 @@ def test_train_autogen_team_one_lora_adapter_per_agent(tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_self_debate_with_an_adapter_per_role_as_typed(tmp_path: Path) -> None:
     """The issue's command, scaled down to tiny-random: gsm8k from ../shared/data, self-debate, two LoRA roles."""
-    from rllm_core.cli.app import build_app
+    from rllm.cli.app import build_app
 
     res = CliRunner().invoke(build_app(), [
         "train", "gsm8k", "--workflow", "self-debate", "--roles", "debater=lora:debater,moderator=lora:moderator",
@@ -361,7 +361,7 @@ def test_self_debate_with_an_adapter_per_role_as_typed(tmp_path: Path) -> None:
 # -------------------------------------------------------------------------------- tiny-random, evaluated
 @pytest.fixture(scope="module")
 def tiny_server() -> Iterator[Any]:
-    from rllm_backends.local_torch.serving import start_policy_server
+    from rllm_serve import start_policy_server
 
     server = start_policy_server("tiny-random")
     try:

@@ -13,13 +13,13 @@ import torch
 from rich.console import Console
 from typer.testing import CliRunner
 
+from rllm.cli.app import build_app
 from rllm_backends.local_torch.backend import LocalTorchBackend
 from rllm_backends.local_torch.export.gguf_writer import write_gguf
-from rllm_backends.local_torch.export.hf import export_checkpoint
-from rllm_core.cli.app import build_app
 from rllm_core.errors import ConfigError
-from rllm_core.training.config import load_config
-from rllm_core.training.loop import train
+from rllm_train.config import load_config
+from rllm_train.export import export_checkpoint
+from rllm_train.loop import train
 
 pytestmark = pytest.mark.slow  # 2-step tiny-random runs (seconds each)
 
@@ -127,7 +127,7 @@ def test_bad_input_is_one_line(full: tuple[Path, LocalTorchBackend], tmp_path: P
 def test_gguf_refuses_another_architecture(tmp_path: Path) -> None:
     from transformers import GPT2Config, GPT2LMHeadModel
 
-    from rllm_backends.local_torch.serving.models import load_tokenizer
+    from rllm_serve.models import load_tokenizer
 
     model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_head=2, n_embd=8, vocab_size=64))
     with pytest.raises(ConfigError, match=r"GGUF export supports LlamaForCausalLM .* this model is GPT2LMHeadModel"):

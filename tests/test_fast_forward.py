@@ -9,13 +9,13 @@ import threading
 import pytest
 import torch
 
-from rllm_backends.local_torch.serving import load_model
-from rllm_backends.local_torch.serving.attention_kernel import kernel_available
-from rllm_backends.local_torch.serving.engine import DecodeEngine
-from rllm_backends.local_torch.serving.fast_forward import GATE_UP, QKV, FastForward, fast_forward, fusions
-from rllm_backends.local_torch.serving.packed_linear import pack_linear_layers, packing_available
-from rllm_backends.local_torch.serving.sampling import SamplingParams
-from rllm_backends.local_torch.serving.sequence import GenerationRequest, TokenEvent
+from rllm_serve import load_model
+from rllm_serve.attention_kernel import kernel_available
+from rllm_serve.engine import DecodeEngine
+from rllm_serve.fast_forward import GATE_UP, QKV, FastForward, fast_forward, fusions
+from rllm_serve.packed_linear import pack_linear_layers, packing_available
+from rllm_serve.sampling import SamplingParams
+from rllm_serve.sequence import GenerationRequest, TokenEvent
 
 pytestmark = pytest.mark.skipif(not (packing_available() and kernel_available(torch.float32, torch.device("cpu"))),
                                 reason="needs oneDNN and numba")

@@ -10,14 +10,14 @@ from typing import Any
 
 import pytest
 
-from rllm_core.engine import run_episodes
 from rllm_core.errors import BenchmarkError
-from rllm_core.testing.fake_upstream import start_fake_upstream
 from rllm_core.types import Task
 from rllm_envs.finqa import FinQA, FinQATools, FinTable, calculate, grade_answer, materialise
 from rllm_envs.finqa import data as finqa_data
 from rllm_envs.finqa.agent import parse_text_tool_calls
 from rllm_envs.finqa.benchmark import extract_final_answer
+from rllm_rollout.engine import run_episodes
+from rllm_testing.fake_upstream import start_fake_upstream
 
 DATA = Path(__file__).parent / "data"
 
@@ -273,7 +273,7 @@ def test_agent_runs_on_rllm_policy_server() -> None:
     """tiny-random's template has no tools: the agent falls back to text tool calls, and episodes complete."""
     import asyncio
 
-    from rllm_backends.local_torch.serving import start_policy_server
+    from rllm_serve import start_policy_server
 
     bench = FinQA()
     tasks = bench.load("test", data_dir=str(DATA), max_examples=2)

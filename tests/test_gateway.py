@@ -11,11 +11,11 @@ import httpx
 import openai
 import pytest
 
-from rllm_core.gateway import GatewayHandle, UpstreamConfig, start_gateway
 from rllm_core.hookspecs import hookimpl
 from rllm_core.plugins import get_plugin_manager
-from rllm_core.testing.fake_upstream import FakeUpstream, encode, token_logprob
 from rllm_core.types import Step
+from rllm_rollout.gateway import GatewayHandle, UpstreamConfig, start_gateway
+from rllm_testing.fake_upstream import FakeUpstream, encode, token_logprob
 
 MSGS = [{"role": "user", "content": "hello there"}]
 TOOLS = [{"type": "function", "function": {"name": "add", "description": "add",
@@ -213,7 +213,7 @@ def test_binds_loopback_unless_told_and_take_route_frees(gateway):
 
 
 def test_sessions_stick_to_one_upstream_and_new_ones_spread():
-    from rllm_core.testing.fake_upstream import start_fake_upstream
+    from rllm_testing.fake_upstream import start_fake_upstream
 
     with start_fake_upstream() as a, start_fake_upstream() as b, \
             start_gateway([UpstreamConfig(url=a.base_url), UpstreamConfig(url=b.base_url)]) as gw:
@@ -235,8 +235,8 @@ def test_n2_without_streaming_gives_one_step_per_choice(gateway):
 
 
 def test_public_surface_is_pinned():
-    import rllm_core.capture as capture
-    import rllm_core.gateway as gateway_pkg
+    import rllm_rollout.capture as capture
+    import rllm_rollout.gateway as gateway_pkg
 
     assert sorted(gateway_pkg.__all__) == sorted([
         "AGENT_HEADER", "DEFAULT_SESSION", "SESSION_HEADER", "GatewayClient", "GatewayConfig", "GatewayHandle",
@@ -254,7 +254,7 @@ def test_public_surface_is_pinned():
 @pytest.mark.slow
 def test_through_the_real_policy_server_ids_match_what_it_sent():
     """The contract with engineer B's server (tiny random model): what it returns is what we record."""
-    serving = pytest.importorskip("rllm_backends.local_torch.serving")
+    serving = pytest.importorskip("rllm_serve")
     with serving.start_policy_server("tiny-random", threads=1) as srv, \
             start_gateway([UpstreamConfig(url=srv.base_url)]) as gw:
         client = client_for(gw, "real")

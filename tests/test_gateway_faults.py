@@ -17,9 +17,9 @@ import httpx
 import pytest
 from aiohttp import web
 
-from rllm_core.gateway import UpstreamConfig, start_gateway
 from rllm_core.net import free_port
-from rllm_core.testing.fake_upstream import start_fake_upstream
+from rllm_rollout.gateway import UpstreamConfig, start_gateway
+from rllm_testing.fake_upstream import start_fake_upstream
 
 MSGS = [{"role": "user", "content": "hi"}]
 BODY = {"model": "m", "messages": MSGS}
@@ -241,7 +241,7 @@ def test_a_port_in_use_leaves_no_unclosed_client_session(fake_upstream, caplog):
 
 
 def test_an_upstream_without_v1_is_named_at_startup():
-    from rllm_core.gateway.plugin import upstream_warnings
+    from rllm_rollout.gateway.plugin import upstream_warnings
 
     assert upstream_warnings(["http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1/"]) == []
     (warning,) = upstream_warnings(["http://127.0.0.1:8000"])
@@ -267,8 +267,8 @@ def test_stopping_with_a_call_in_flight_is_quick():
 
     import httpx
 
-    from rllm_core.gateway.server import SHUTDOWN_GRACE_S
-    from rllm_core.testing.fake_upstream import start_fake_upstream
+    from rllm_rollout.gateway.server import SHUTDOWN_GRACE_S
+    from rllm_testing.fake_upstream import start_fake_upstream
 
     with start_fake_upstream(delay_s=6) as slow:  # longer than the grace, shorter than its own stop wait
         gw = start_gateway([UpstreamConfig(url=slow.base_url)])

@@ -1,4 +1,4 @@
-"""Fuzzing the gateway's HTTP surface: Schemathesis against its OpenAPI document (rllm_core/gateway/openapi.py),
+"""Fuzzing the gateway's HTTP surface: Schemathesis against its OpenAPI document (rllm_rollout/gateway/openapi.py),
 and Hypothesis throwing arbitrary bytes at the LLM routes, both at a live gateway with the fake upstream behind.
 
 The contract: no 5xx but an honest upstream 502/504 (the fake upstream answers what it cannot serve with a 400,
@@ -26,9 +26,9 @@ from hypothesis import strategies as st
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import negative_data_rejection, positive_data_acceptance
 
-from rllm_core.gateway import GatewayHandle, UpstreamConfig, start_gateway
-from rllm_core.gateway.openapi import OPENAPI
-from rllm_core.testing.faulty_upstream import start_faulty_upstream
+from rllm_rollout.gateway import GatewayHandle, UpstreamConfig, start_gateway
+from rllm_rollout.gateway.openapi import OPENAPI
+from rllm_testing.faulty_upstream import start_faulty_upstream
 
 SCHEMA = schemathesis.openapi.from_dict(OPENAPI)
 SEEN: Counter[str] = Counter()

@@ -10,8 +10,9 @@ from pathlib import Path
 import aiohttp
 import pytest
 
-from rllm_core.gateway import GatewayHandle, UpstreamConfig, start_gateway
-from rllm_core.testing.faulty_upstream import (
+from rllm_core.types import Step
+from rllm_rollout.gateway import GatewayHandle, UpstreamConfig, start_gateway
+from rllm_testing.faulty_upstream import (
     FAULT_KINDS,
     CallOutcome,
     FaultyUpstream,
@@ -21,7 +22,6 @@ from rllm_core.testing.faulty_upstream import (
     start_faulty_upstream,
     verify,
 )
-from rllm_core.types import Step
 
 TIMEOUT_S = 0.3
 STALL_S = 1.0

@@ -14,9 +14,9 @@ import pytest
 
 import rllm
 from rllm_core.errors import ConfigError
-from rllm_core.gateway import UpstreamConfig, shared_gateway, start_gateway
 from rllm_core.net import free_port
-from rllm_core.testing.fake_upstream import FakeUpstream
+from rllm_rollout.gateway import UpstreamConfig, shared_gateway, start_gateway
+from rllm_testing.fake_upstream import FakeUpstream
 
 BODY = {"model": "m", "messages": [{"role": "user", "content": "hi"}]}
 
@@ -157,7 +157,7 @@ def test_half_open_connections_are_closed_after_the_header_deadline(fake_upstrea
     import socket
     import time
 
-    from rllm_core.gateway import header_deadline
+    from rllm_rollout.gateway import header_deadline
 
     monkeypatch.setattr(header_deadline, "HEADER_TIMEOUT_S", 0.5)
     with start_gateway([UpstreamConfig(url=fake_upstream.base_url)]) as gw:

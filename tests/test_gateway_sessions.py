@@ -14,10 +14,10 @@ import openai
 import pytest
 
 import rllm
-from rllm_core.gateway import GatewayHandle, RemoteGateway, UpstreamConfig, start_gateway
-from rllm_core.gateway.config import StoreLimits
-from rllm_core.gateway.store import IN_FLIGHT_HEADER, MemoryStore
-from rllm_core.testing.fake_upstream import FakeUpstream, start_fake_upstream
+from rllm_rollout.gateway import GatewayHandle, RemoteGateway, UpstreamConfig, start_gateway
+from rllm_rollout.gateway.config import StoreLimits
+from rllm_rollout.gateway.store import IN_FLIGHT_HEADER, MemoryStore
+from rllm_testing.fake_upstream import FakeUpstream, start_fake_upstream
 
 MSGS = [{"role": "user", "content": "hi"}]
 BODY = {"model": "m", "messages": MSGS}

@@ -15,12 +15,13 @@ import openai
 import pytest
 
 from rllm_core.errors import ConfigError, UpstreamError
-from rllm_core.gateway import RemoteGateway, UpstreamConfig, start_gateway
-from rllm_core.gateway.config import StoreLimits
-from rllm_core.gateway.sqlite_store import SqliteStore
-from rllm_core.gateway.store import DEFAULT_SESSION, MemoryStore, Store, open_store
-from rllm_core.testing.fake_upstream import FakeUpstream
 from rllm_core.types import Step
+from rllm_rollout.gateway import RemoteGateway, UpstreamConfig, start_gateway
+from rllm_rollout.gateway.config import StoreLimits
+from rllm_rollout.gateway.open_store import open_store
+from rllm_rollout.gateway.sqlite_store import SqliteStore
+from rllm_rollout.gateway.store import DEFAULT_SESSION, MemoryStore, Store
+from rllm_testing.fake_upstream import FakeUpstream
 
 MSGS = [{"role": "user", "content": "hello"}]
 

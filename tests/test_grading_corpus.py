@@ -19,9 +19,10 @@ from typing import Any
 
 import pytest
 
-from rllm_core.rewards import extract_code, grade_choice, grade_math, math_equal
-from rllm_core.rewards.choice import choice_letters
-from rllm_core.rewards.extract import extract_answers, settle, strip_thinking
+from rllm_envs.rewards import extract_code, grade_choice, grade_math, math_equal
+from rllm_envs.rewards.choice import choice_letters
+from rllm_envs.rewards.extract import extract_answers
+from rllm_envs.rewards.reply import settle, strip_thinking
 
 CORPUS = Path(__file__).parent / "data" / "grading_corpus.jsonl"
 CASES: list[dict[str, Any]] = [json.loads(line) for line in CORPUS.read_text(encoding="utf-8").splitlines() if line]

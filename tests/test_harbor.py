@@ -2,7 +2,7 @@
 reason), the oracle and nop agents, `harbor:PATH` through the benchmark registry.
 
 Episodes run through the real local (bubblewrap) provider when it is installed, else through the subprocess
-double of `rllm_core.testing.sandbox_double`. The tasks' scripts find /logs as the sibling of /tests (`$0/..`) and
+double of `rllm_testing.sandbox_double`. The tasks' scripts find /logs as the sibling of /tests (`$0/..`) and
 /app as their working directory, so the same files run in both (the double maps paths only in command strings).
 """
 
@@ -16,11 +16,8 @@ from typing import Any
 
 import pytest
 
-from rllm_core.benchmarks.registry import get_benchmark
 from rllm_core.errors import BenchmarkError
-from rllm_core.rollout import rollout
 from rllm_core.sandbox import EnvironmentSpec, SandboxError, aexec, current_sandbox
-from rllm_core.testing.sandbox_double import SubprocessSandboxProvider
 from rllm_envs.harbor import (
     HarborBenchmark,
     HarborTaskError,
@@ -32,6 +29,9 @@ from rllm_envs.harbor import (
     run_harbor_episode,
     to_environment_spec,
 )
+from rllm_rollout.benchmarks.registry import get_benchmark
+from rllm_rollout.rollout import rollout
+from rllm_testing.sandbox_double import SubprocessSandboxProvider
 
 LOGS = 'LOGS="$(cd "$(dirname "$0")/.." && pwd)/logs/verifier"; mkdir -p "$LOGS"'
 """The verifier's reward folder, /logs/verifier, found relative to /tests/test.sh (see the module docstring)."""
@@ -327,7 +327,7 @@ def test_sandbox_closed_when_agent_raises_or_is_cancelled(tmp_path: Path, provid
 
 # ------------------------------------------------------------------------------------------------ the benchmark
 def test_harbor_prefix_resolves_and_runs_through_the_engine(task_set: Path, provider: _Recording) -> None:
-    from rllm_core.engine import run_episodes
+    from rllm_rollout.engine import run_episodes
 
     bench = get_benchmark(f"harbor:{task_set}")
     assert isinstance(bench, HarborBenchmark) and bench.name == f"harbor:{task_set}"
@@ -349,8 +349,10 @@ def test_harbor_prefix_resolves_and_runs_through_the_engine(task_set: Path, prov
 def test_score_without_verdict_and_bad_prefixes(task_set: Path, tmp_path: Path) -> None:
     from rllm_core.types import Episode
 
-    bench = HarborBenchmark(task_set)
+    bench = get_benchmark(f"harbor:{task_set}")
     assert bench.default_rollout().name == "terminal"  # the built-in terminal agent
+    with pytest.raises(BenchmarkError, match="no default agent"):
+        HarborBenchmark(task_set).default_rollout()  # a task set of your own: you say which agent
     assert bench.load(max_examples=2)[-1].id == "json-score"
     task = bench.load()[0]
     unwrapped = bench.score(task, Episode(task=task, artifacts={"answer": "done"}))
@@ -364,10 +366,10 @@ def test_score_without_verdict_and_bad_prefixes(task_set: Path, tmp_path: Path) 
 
 def test_a_verifier_killed_by_its_program_does_not_trust_the_reward_file(tmp_path: Path) -> None:
     """The optimiser's shortcut: code the verifier runs writes reward 1 and kills the verifier."""
-    from rllm_core.testing.sandbox_double import SubprocessSandboxProvider
     from rllm_envs.harbor.agents import nop
     from rllm_envs.harbor.episode import run_harbor_episode
     from rllm_envs.harbor.task import load_task
+    from rllm_testing.sandbox_double import SubprocessSandboxProvider
 
     task_dir = tmp_path / "sneaky"
     (task_dir / "tests").mkdir(parents=True)

@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rllm_backends.local_torch.serving.invariant import (
+from rllm_serve.invariant import (
     WIDE_MIN_ROWS,
     batch_invariant,
     make_batch_invariant,

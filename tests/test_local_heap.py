@@ -7,7 +7,7 @@ import ctypes.util
 import psutil
 import pytest
 
-from rllm_backends.local_torch.heap import release_free_memory
+from rllm_serve.heap import release_free_memory
 
 
 @pytest.mark.skipif(not ctypes.util.find_library("c"), reason="no C library to trim on this platform")
@@ -30,7 +30,7 @@ def test_freed_holes_in_the_heap_go_back_to_the_os() -> None:
 def test_an_idle_kv_pool_gives_its_pages_back_and_reads_as_zeros() -> None:
     import torch
 
-    from rllm_backends.local_torch.serving.kv_pool import BlockTable, KVPool
+    from rllm_serve.kv_pool import BlockTable, KVPool
 
     pool = KVPool(layers=2, kv_heads=2, head_dim=64, num_blocks=256, dtype=torch.float32, device=torch.device("cpu"))
     table = BlockTable()

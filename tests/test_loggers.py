@@ -18,9 +18,9 @@ from typer.testing import CliRunner
 
 from rllm_core.errors import ConfigError
 from rllm_core.hookspecs import hookimpl
-from rllm_core.loggers import LoggerGroup, LoggerSpec, metric_tag, open_loggers, scalar_metrics
+from rllm_core.loggers import LoggerGroup, LoggerSpec, get_loggers, metric_tag, open_loggers, scalar_metrics
 from rllm_core.plugins import PluginManager
-from rllm_core.training.config import load_config
+from rllm_train.config import load_config
 
 CONFIG = {"model": "tiny-random", "lr": 1e-4, "group_size": 2, "loggers": ["tensorboard"]}
 
@@ -62,7 +62,7 @@ def _manager(**factories: Any) -> PluginManager:
 
 def test_builtin_loggers_are_registered_through_the_hook() -> None:
     pm = PluginManager()
-    specs = pm.loggers()
+    specs = get_loggers(pm)
     assert specs["tensorboard"].requires == "rllm[tensorboard]" and specs["wandb"].requires == "rllm[wandb]"
     assert {i.name: i.kinds for i in pm.infos}["tensorboard"] == ["logger"]
 
@@ -239,8 +239,8 @@ def test_train_config_and_cli_take_logger_names(tmp_path: Path, monkeypatch: pyt
         seen.append(config)
         return SimpleNamespace(run_dir=tmp_path / "my run", steps_done=1, last_checkpoint=None)
 
-    import rllm_core.training.loop as loop
-    from rllm_core.cli.app import build_app
+    import rllm_train.loop as loop
+    from rllm.cli.app import build_app
 
     monkeypatch.setattr(loop, "train", fake_train)
     res = CliRunner().invoke(build_app(), ["train", "arithmetic", "--logger", "tensorboard", "--logger", "wandb",
@@ -263,11 +263,11 @@ def test_a_training_run_with_logger_tensorboard_writes_every_record(tmp_path: Pa
     from rich.console import Console
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from rllm_core.backend import RecordingBackend
-    from rllm_core.testing.fake_upstream import start_fake_upstream
-    from rllm_core.training.loop import train
-    from rllm_core.training.rundir import RunDir
-    from rllm_core.training.testing import YesNoBenchmark
+    from rllm_testing.fake_upstream import start_fake_upstream
+    from rllm_testing.recording_backend import RecordingBackend
+    from rllm_testing.training import YesNoBenchmark
+    from rllm_train.loop import train
+    from rllm_train.rundir import RunDir
 
     config = load_config(None, benchmark="yesno", batch_size=2, group_size=2, max_steps=2, eval_examples=2,
                          output=str(tmp_path / "run"), max_tokens=8, loggers=["tensorboard"])

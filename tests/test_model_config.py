@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rllm_core.cli.app import build_app
+from rllm.cli.app import build_app
 from rllm_core.errors import ConfigError, UpstreamError
-from rllm_core.eval.endpoint import open_endpoint
-from rllm_core.model_config import ModelConfig, config_path, load_model_config, save_model_config
+from rllm_envs.eval.endpoint import open_endpoint
+from rllm_envs.eval.model_config import ModelConfig, config_path, load_model_config, save_model_config
 
 runner = CliRunner()
 
@@ -127,27 +127,27 @@ def _fresh_python(code: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_model_config_does_not_import_the_eval_engine() -> None:
-    """`rllm model` probes a server with the address helpers (rllm_core.net), not through the eval package,
-    whose `__init__` pulls in the whole engine; and the two modules no longer import each other."""
-    out = _fresh_python("import sys, rllm_core.model_config; "
-                        "print(sorted(m for m in sys.modules if m.startswith('rllm_core.eval')))")
+    """`rllm model` probes a server with the address helpers (rllm_core.net), not through the eval engine: the
+    eval package's face resolves its names lazily, so importing model_config loads no other eval module."""
+    out = _fresh_python("import sys, rllm_envs.eval.model_config; "
+                        "print(sorted(m for m in sys.modules if m.startswith(('rllm_envs', 'rllm_rollout'))))")
     assert out.returncode == 0, out.stderr
-    assert out.stdout.strip() == "[]"
+    assert out.stdout.strip() == "['rllm_envs', 'rllm_envs.eval', 'rllm_envs.eval.model_config']"
 
 
-@pytest.mark.parametrize("module", ["rllm_core.model_config", "rllm_core.eval.endpoint", "rllm_core.net",
-                                    "rllm_core.eval"])
+@pytest.mark.parametrize("module", ["rllm_envs.eval.model_config", "rllm_envs.eval.endpoint", "rllm_core.net",
+                                    "rllm_envs.eval"])
 def test_each_module_imports_alone(module: str) -> None:
     out = _fresh_python(f"import {module}")
     assert out.returncode == 0, out.stderr
 
 
 def test_the_probe_is_one_function_wherever_it_is_imported_from() -> None:
-    import rllm_core.eval
-    import rllm_core.eval.endpoint
     import rllm_core.net
+    import rllm_envs.eval
+    import rllm_envs.eval.endpoint
 
-    assert rllm_core.eval.check_reachable is rllm_core.eval.endpoint.check_reachable is rllm_core.net.check_reachable
+    assert rllm_envs.eval.check_reachable is rllm_envs.eval.endpoint.check_reachable is rllm_core.net.check_reachable
     with pytest.raises(UpstreamError, match=r"model endpoint http://127.0.0.1:9/v1 is not reachable"):
         rllm_core.net.check_reachable("http://127.0.0.1:9/v1", timeout_s=2.0)
 
@@ -155,9 +155,9 @@ def test_the_probe_is_one_function_wherever_it_is_imported_from() -> None:
 def test_building_the_cli_does_not_load_the_eval_engine() -> None:
     """The CLI registers `rllm eval` at start-up (every command, `rllm model` too): the engine, the model stack and
     torch load only when `rllm eval` runs, not when the app is built."""
-    out = _fresh_python("import sys, typer.main; from rllm_core.cli.app import build_app; "
+    out = _fresh_python("import sys, typer.main; from rllm.cli.app import build_app; "
                         "typer.main.get_command(build_app()); "
-                        "print(sorted(m for m in ('rllm_core.eval.runner', 'rllm_core.engine', 'torch') "
+                        "print(sorted(m for m in ('rllm_envs.eval.runner', 'rllm_rollout.engine', 'torch') "
                         "if m in sys.modules))")
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"

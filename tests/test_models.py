@@ -10,9 +10,9 @@ import httpx
 import pytest
 import torch
 
-from rllm_backends.local_torch.serving import load_model, start_policy_server
-from rllm_backends.local_torch.serving import models as models_mod
 from rllm_core.errors import ConfigError
+from rllm_serve import load_model, start_policy_server
+from rllm_serve import models as models_mod
 
 
 def test_tiny_random_is_seeded_and_has_a_real_chat_tokenizer() -> None:

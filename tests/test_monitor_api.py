@@ -23,7 +23,7 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from rllm_core.cli.app import build_app
+from rllm.cli.app import build_app
 from rllm_core.errors import ConfigError
 from rllm_monitor.api import MAX_LIMIT
 from rllm_monitor.diagnosis import is_zero
@@ -69,10 +69,10 @@ def _write_synthetic_run(run: Path) -> None:
 def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """root/train (rllm train, local backend, 2 steps, validation at step 2), root/eval (run_eval against the
     policy server), root/synthetic/hand (the edge cases), all real files."""
-    from rllm_backends.local_torch.serving import start_policy_server
-    from rllm_core.eval.runner import EvalOptions, run_eval
-    from rllm_core.training.config import load_config
-    from rllm_core.training.loop import train
+    from rllm_envs.eval.runner import EvalOptions, run_eval
+    from rllm_serve import start_policy_server
+    from rllm_train.config import load_config
+    from rllm_train.loop import train
 
     root = tmp_path_factory.mktemp("runs")
     config = load_config(None, benchmark="arithmetic", model="tiny-random", batch_size=2, group_size=2,
@@ -225,7 +225,7 @@ def test_episodes_search_and_filters(client: httpx.Client) -> None:
 
 
 def test_episode_with_tokens_from_the_runs_tokenizer(client: httpx.Client, runs_root: Path) -> None:
-    from rllm_backends.local_torch.serving.models import load_tokenizer
+    from rllm_serve.models import load_tokenizer
 
     written = _episodes(runs_root / "train" / "episodes" / "step_2.jsonl")[1]
     body = _get(client, "/api/episode", run="train", file="step_2", index=1)

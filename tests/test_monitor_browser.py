@@ -94,10 +94,10 @@ def _write_mixed_run(run: Path) -> None:
 def runs_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """root/train (rllm train: local backend, tiny-random, 2 steps, validation at step 2), root/live (a copy of
     it the live test writes to), root/eval (run_eval against the policy server), root/mixed (hand-written)."""
-    from rllm_backends.local_torch.serving import start_policy_server
-    from rllm_core.eval.runner import EvalOptions, run_eval
-    from rllm_core.training.config import load_config
-    from rllm_core.training.loop import train
+    from rllm_envs.eval.runner import EvalOptions, run_eval
+    from rllm_serve import start_policy_server
+    from rllm_train.config import load_config
+    from rllm_train.loop import train
 
     root = tmp_path_factory.mktemp("runs")
     config = load_config(None, benchmark="arithmetic", model="tiny-random", batch_size=2, group_size=2,

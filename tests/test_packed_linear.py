@@ -9,8 +9,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from rllm_backends.local_torch.serving import packed_linear
-from rllm_backends.local_torch.serving.packed_linear import (
+from rllm_serve import packed_linear
+from rllm_serve.packed_linear import (
     PackedLayers,
     PackedWeight,
     invariant_from,

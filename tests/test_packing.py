@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from rllm_core.training.packing import TrainRow, pack_groups, pack_trajectory
 from rllm_core.types import Step, Trajectory, TrajectoryGroup
+from rllm_train.packing import TrainRow, pack_groups, pack_trajectory
 
 
 def _step(prompt: list[int], completion: list[int], version: int | None = 0, **kw: object) -> Step:

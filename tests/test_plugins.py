@@ -12,11 +12,13 @@ import pytest
 from typer.testing import CliRunner
 
 import rllm
-from rllm_core.cli.app import build_app
+from rllm.cli.app import build_app
+from rllm_core.adapters import AdapterSpec, get_adapters
 from rllm_core.errors import PluginError
 from rllm_core.hookspecs import hookimpl
-from rllm_core.plugins import AdapterSpec, PluginManager, get_plugin_manager, reset_plugin_manager
+from rllm_core.plugins import PluginManager, get_plugin_manager, reset_plugin_manager
 from rllm_core.types import Episode, Step, Task
+from rllm_train.backend import get_backends
 
 
 def test_builtins_load_through_entry_points() -> None:
@@ -49,7 +51,7 @@ def test_register_and_collect() -> None:
             return [AdapterSpec(name="mine", module="mine", framework="mine")]
 
     pm.register(Mine(), name="mine", version="1.2")
-    assert [a.name for a in pm.adapters()] == ["mine"]
+    assert [a.name for a in get_adapters(pm)] == ["mine"]
     assert pm.infos[-1].kinds == ["adapter"] and pm.infos[-1].version == "1.2"
 
 
@@ -141,7 +143,7 @@ def test_plugin_with_hooks_that_do_not_match_is_reported_and_skipped(monkeypatch
     [info] = [i for i in pm.infos if i.name == "zz_bad_hooks"]
     assert "does not match rllm's hook specs" in (info.error or "")
     assert not pm.pm.has_plugin("zz_bad_hooks")
-    assert "local" in pm.backends()  # the others still load
+    assert "local" in get_backends(pm)  # the others still load
 
 
 def test_registration_hook_that_raises_is_reported_not_fatal(caplog) -> None:
@@ -159,7 +161,7 @@ def test_registration_hook_that_raises_is_reported_not_fatal(caplog) -> None:
 
     pm.register(Fine(), name="fine")
     pm.register(Crashes(), name="crashes")
-    assert [a.name for a in pm.adapters()] == ["fine"]
+    assert [a.name for a in get_adapters(pm)] == ["fine"]
     [info] = [i for i in pm.infos if i.name == "crashes"]
     assert info.error == "rllm_register_adapters: RuntimeError: optional dependency missing"
     assert "optional dependency missing" in caplog.text
@@ -179,7 +181,7 @@ def test_cli_prints_rllm_errors_as_one_line(monkeypatch, capsys, message: str) -
     an `rllm[extra]` hint printed as written)."""
     import sys
 
-    from rllm_core.cli import main
+    from rllm.cli import main
     from rllm_core.errors import ConfigError
 
     class Boom:
@@ -203,7 +205,7 @@ def test_cli_prints_rllm_errors_as_one_line(monkeypatch, capsys, message: str) -
 
 
 def test_adapter_status_reports_install_and_range() -> None:
-    from rllm_core.cli.plugins_cmd import adapter_status
+    from rllm.cli.plugins_cmd import adapter_status
 
     assert adapter_status(AdapterSpec("x", "x", framework="no-such-dist-xyz", extra="x")) == (
         None, 'not installed (pip install "rllm[x]")')
@@ -260,7 +262,7 @@ def test_order_is_pluggys_tryfirst_then_last_registered_then_trylast() -> None:
 
 
 def test_backend_name_clash_goes_to_the_first_called() -> None:
-    from rllm_core.plugins import BackendSpec
+    from rllm_train.backend import BackendSpec
 
     def plugin(label: str, **marks: bool) -> object:
         class Backends:
@@ -273,9 +275,9 @@ def test_backend_name_clash_goes_to_the_first_called() -> None:
     pm = PluginManager(load_entry_points=False)
     pm.register(plugin("builtin"), name="builtin")
     pm.register(plugin("override"), name="override")
-    assert pm.backends()["x"].description == "override"  # registered later: called first, as pluggy does
+    assert get_backends(pm)["x"].description == "override"  # registered later: called first, as pluggy does
     pm.register(plugin("preferred", tryfirst=True), name="preferred")
-    assert pm.backends()["x"].description == "preferred"
+    assert get_backends(pm)["x"].description == "preferred"
 
 
 def test_new_style_wrapper_wraps_the_call_and_may_change_the_result() -> None:
@@ -355,7 +357,7 @@ def test_calls_go_through_pluggys_tracing_and_monitoring() -> None:
         lambda outcome, name, impls, kwargs: monitored.append((name, [repr(outcome.get_result())])))
     try:
         pm.emit("rllm_on_llm_call", step=Step(id="s"))
-        pm.adapters()
+        get_adapters(pm)
     finally:
         undo_monitor()
         undo_trace()
@@ -426,7 +428,7 @@ def _two_gateway_calls(task: Task, config: rllm.RolloutConfig) -> str:
 
 
 def test_llm_call_once_per_step_through_the_in_process_gateway(listener: _Listener, fake_upstream) -> None:
-    from rllm_core.engine import run_episodes
+    from rllm_rollout.engine import run_episodes
 
     tasks = [Task(id=f"t{i}") for i in range(3)]
     episodes = asyncio.run(run_episodes(_two_gateway_calls, tasks, base_url=fake_upstream.base_url,
@@ -438,7 +440,7 @@ def test_llm_call_once_per_step_through_the_in_process_gateway(listener: _Listen
 def test_llm_call_once_per_step_through_a_remote_gateway(listener: _Listener, fake_upstream) -> None:
     """A gateway reached as a RemoteGateway (as from a Ray worker) sends nothing itself: its loop runs on
     another thread here, and every event must come from the driver's side."""
-    from rllm_core.gateway import UpstreamConfig, start_gateway
+    from rllm_rollout.gateway import UpstreamConfig, start_gateway
 
     with start_gateway([UpstreamConfig(url=fake_upstream.base_url)]) as gw:
         remote = gw.remote()

@@ -22,10 +22,11 @@ import requests
 from test_adapter_support import assert_wire_exact, trajectory_shape
 
 import rllm
+from rllm_core.adapters import get_adapters
 from rllm_core.hookspecs import hookimpl
 from rllm_core.plugins import get_plugin_manager, reset_plugin_manager
-from rllm_core.testing.fake_upstream import FakeUpstream
 from rllm_core.types import Episode, Step, Task
+from rllm_testing.fake_upstream import FakeUpstream
 
 EXAMPLE = Path(__file__).resolve().parents[1] / "examples" / "plugins" / "rllm-requests-adapter"
 
@@ -97,7 +98,7 @@ def test_without_the_plugin_requests_calls_are_not_captured(fake_upstream: FakeU
 
 @pytest.mark.parametrize("direct", [True, False], ids=["inprocess", "gateway"])
 def test_the_plugin_captures_requests_calls(loaded_plugin: Any, fake_upstream: FakeUpstream, direct: bool) -> None:
-    assert "requests" in {spec.name for spec in loaded_plugin.adapters()}
+    assert "requests" in {spec.name for spec in get_adapters(loaded_plugin)}
     episode = requests_agent.run({"id": "r", "instruction": "via requests"}, base_url=fake_upstream.base_url,
                                  direct=direct)
     assert episode.termination_reason == "completed", episode.error
@@ -146,8 +147,8 @@ def _ray_listener_rollout(log_path: str, upstream: str) -> rllm.Rollout:
 def test_llm_call_once_per_step_in_the_ray_driver_never_in_a_worker(tmp_path, fake_upstream, monkeypatch) -> None:
     monkeypatch.setenv("RAY_AUTH_MODE", "disabled")  # before Ray starts: no token auth on a loopback cluster
     ray = pytest.importorskip("ray")
-    from rllm_core.distributed import connect_ray, run_episodes_ray
-    from rllm_core.gateway import UpstreamConfig, shared_gateway
+    from rllm_rollout.distributed import connect_ray, run_episodes_ray
+    from rllm_rollout.gateway import UpstreamConfig, shared_gateway
 
     log_path = tmp_path / "events.log"
     ro = _ray_listener_rollout(str(log_path), fake_upstream.base_url)

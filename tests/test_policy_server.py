@@ -13,7 +13,7 @@ import httpx
 import pytest
 import torch
 
-from rllm_backends.local_torch.serving import LoadedModel, RunningPolicyServer, load_model, start_policy_server
+from rllm_serve import LoadedModel, RunningPolicyServer, load_model, start_policy_server
 
 MSG = [{"role": "user", "content": "What is two plus two?"}]
 
@@ -228,7 +228,7 @@ def test_tools_go_through_a_template_that_supports_them() -> None:
 
 
 def test_hermes_tool_calls_are_parsed_out_of_the_text() -> None:
-    from rllm_backends.local_torch.serving.responses import parse_tool_calls
+    from rllm_serve.responses import parse_tool_calls
 
     text = 'Let me check.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>'
     content, calls = parse_tool_calls(text)
@@ -246,7 +246,7 @@ def test_requests_beyond_max_batch_size_wait_their_turn() -> None:
 
 
 def test_public_surface() -> None:
-    import rllm_backends.local_torch.serving as serving
+    import rllm_serve as serving
 
     assert sorted(serving.__all__) == ["LoadedModel", "RunningPolicyServer", "load_model", "start_policy_server"]
     assert all(getattr(serving, name) for name in serving.__all__)

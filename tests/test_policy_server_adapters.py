@@ -18,12 +18,12 @@ import httpx
 import pytest
 import torch
 
-from rllm_backends.local_torch.serving import LoadedModel, RunningPolicyServer, load_model, start_policy_server
-from rllm_backends.local_torch.serving.engine import DecodeEngine
-from rllm_backends.local_torch.serving.models import lora_adapters
-from rllm_backends.local_torch.serving.sampling import SamplingParams
-from rllm_backends.local_torch.serving.sequence import GenerationRequest
 from rllm_core.errors import ConfigError
+from rllm_serve import LoadedModel, RunningPolicyServer, load_model, start_policy_server
+from rllm_serve.engine import DecodeEngine
+from rllm_serve.models import lora_adapters
+from rllm_serve.sampling import SamplingParams
+from rllm_serve.sequence import GenerationRequest
 
 peft = pytest.importorskip("peft")
 

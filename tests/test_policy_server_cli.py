@@ -15,9 +15,9 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from rllm_backends.local_torch.serving.vllm import VLLMServer, build_vllm_command, gateway_hint, vllm_executable
-from rllm_core.cli.app import build_app
+from rllm.cli.app import build_app
 from rllm_core.errors import ConfigError, UpstreamError
+from rllm_serve.vllm import VLLMServer, build_vllm_command, gateway_hint, vllm_executable
 
 VLLM_INSTALLED = shutil.which("vllm") is not None or importlib.util.find_spec("vllm") is not None
 
@@ -133,7 +133,7 @@ def test_rllm_serve_tiny_random_prints_its_url_and_serves() -> None:
 
 def test_vllm_serves_the_built_in_names_from_their_converted_directories(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rllm_backends.local_torch.serving import models
+    from rllm_serve import models
 
     (tmp_path / "models").mkdir()
     (tmp_path / "models" / "smollm2-135m-tokenizer").symlink_to(models._tokenizer_cache())
@@ -177,7 +177,7 @@ def test_vllm_refusing_an_adapter_is_an_upstream_error(tmp_path: Path) -> None:
 
 
 def test_policy_server_bound_to_all_interfaces_reports_a_loopback_url() -> None:
-    from rllm_backends.local_torch.serving import load_model, start_policy_server
+    from rllm_serve import load_model, start_policy_server
 
     with start_policy_server(load_model("tiny-random"), host="0.0.0.0") as srv:
         assert srv.url.startswith("http://127.0.0.1:")
@@ -186,12 +186,14 @@ def test_policy_server_bound_to_all_interfaces_reports_a_loopback_url() -> None:
         assert up.url == srv.base_url and up.inject is True
 
 
-def test_importing_the_server_bounds_openmp_spinning_before_torch_unless_the_user_chose() -> None:
-    code = ("import os, sys; import rllm_backends.local_torch.serving as s; "
-            "print(os.environ.get('GOMP_SPINCOUNT'), 'torch' in sys.modules)")
-    env = {k: v for k, v in os.environ.items() if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT")}
+def test_importing_the_server_bounds_openmp_spinning_and_the_onednn_cache_before_torch_unless_the_user_chose(
+) -> None:
+    code = ("import os, sys; import rllm_serve as s; print(os.environ.get('GOMP_SPINCOUNT'), "
+            "os.environ.get('ONEDNN_PRIMITIVE_CACHE_CAPACITY'), 'torch' in sys.modules)")
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("OMP_WAIT_POLICY", "GOMP_SPINCOUNT", "ONEDNN_PRIMITIVE_CACHE_CAPACITY")}
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=60)
-    assert out.stdout.split() == ["20000", "False"], out.stderr
+    assert out.stdout.split() == ["20000", "32", "False"], out.stderr
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         env={**env, "OMP_WAIT_POLICY": "PASSIVE"})
-    assert out.stdout.split() == ["None", "False"], out.stderr  # the user's policy stands
+                         env={**env, "OMP_WAIT_POLICY": "PASSIVE", "ONEDNN_PRIMITIVE_CACHE_CAPACITY": "1024"})
+    assert out.stdout.split() == ["None", "1024", "False"], out.stderr  # the user's choices stand

@@ -9,10 +9,10 @@ from collections.abc import Callable, Iterator
 import pytest
 import torch
 
-from rllm_backends.local_torch.serving import load_model
-from rllm_backends.local_torch.serving.engine import DecodeEngine
-from rllm_backends.local_torch.serving.sampling import SamplingParams, sample_tokens, scaled_logprobs
-from rllm_backends.local_torch.serving.sequence import GenerationRequest, TokenEvent
+from rllm_serve import load_model
+from rllm_serve.engine import DecodeEngine
+from rllm_serve.sampling import SamplingParams, sample_tokens, scaled_logprobs
+from rllm_serve.sequence import GenerationRequest, TokenEvent
 
 PROBS = torch.tensor([0.5, 0.3, 0.15, 0.05])
 

@@ -13,7 +13,7 @@ import openai
 import pytest
 import torch
 
-from rllm_backends.local_torch.serving import RunningPolicyServer, load_model, start_policy_server
+from rllm_serve import RunningPolicyServer, load_model, start_policy_server
 
 MSG = [{"role": "user", "content": "hello"}]
 

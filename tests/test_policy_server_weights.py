@@ -11,8 +11,8 @@ import httpx
 import pytest
 import torch
 
-from rllm_backends.local_torch.serving import RunningPolicyServer, load_model, start_policy_server
 from rllm_core.errors import ConfigError
+from rllm_serve import RunningPolicyServer, load_model, start_policy_server
 
 MSG = [{"role": "user", "content": "Name a colour."}]
 
@@ -70,7 +70,7 @@ def served_logprobs_match(reply: dict, weights: dict[str, torch.Tensor]) -> None
 
 
 def test_a_server_that_owns_its_model_keeps_one_copy_of_the_weights_and_swaps_them() -> None:
-    from rllm_backends.local_torch.serving.packed_linear import packing_available
+    from rllm_serve.packed_linear import packing_available
 
     torch.set_num_threads(1)
     base = load_model("tiny-random").model.state_dict()
@@ -196,7 +196,7 @@ def test_resume_mode_reports_the_version_of_every_token() -> None:
 def test_released_weights_wait_for_a_full_update_and_serve_it_exactly() -> None:
     """release_weights (the local backend, while its trainer updates) drops the packed copy; a request sent then
     waits; a partial update is refused and keeps waiting; the full update serves exactly the new weights."""
-    from rllm_backends.local_torch.serving.packed_linear import packing_available, packs_released
+    from rllm_serve.packed_linear import packing_available, packs_released
 
     torch.set_num_threads(1)
     base = load_model("tiny-random").model.state_dict()

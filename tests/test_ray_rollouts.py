@@ -26,15 +26,15 @@ ray = pytest.importorskip("ray")
 
 from typer.testing import CliRunner  # noqa: E402
 
-from rllm_core.benchmarks import get_benchmark  # noqa: E402
-from rllm_core.cli.app import build_app  # noqa: E402
-from rllm_core.distributed import RayConnection, RayEpisodes, connect_ray, run_episodes_ray  # noqa: E402
+from rllm.cli.app import build_app  # noqa: E402
 from rllm_core.errors import ConfigError  # noqa: E402
-from rllm_core.gateway import UpstreamConfig, shared_gateway  # noqa: E402
 from rllm_core.io import read_jsonl  # noqa: E402
 from rllm_core.net import free_port  # noqa: E402
-from rllm_core.testing.fake_upstream import FakeUpstream, encode, start_fake_upstream, token_logprob  # noqa: E402
 from rllm_core.types import Episode, group_trajectories  # noqa: E402
+from rllm_envs.benchmarks import get_benchmark  # noqa: E402
+from rllm_rollout.distributed import RayConnection, RayEpisodes, connect_ray, run_episodes_ray  # noqa: E402
+from rllm_rollout.gateway import UpstreamConfig, shared_gateway  # noqa: E402
+from rllm_testing.fake_upstream import FakeUpstream, encode, start_fake_upstream, token_logprob  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -197,7 +197,7 @@ def test_connect_ray_starts_a_local_cluster_on_loopback_and_stops_it_on_failure(
 CLUSTER_HOLDER = """
 import sys
 import ray
-from rllm_core.distributed import connect_ray
+from rllm_rollout.distributed import connect_ray
 with connect_ray(None, num_cpus=2):
     print(ray.get_runtime_context().gcs_address, flush=True)
     sys.stdin.readline()
@@ -335,6 +335,6 @@ def test_without_ray_the_error_names_the_extra(monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_importing_rllm_does_not_import_ray() -> None:
-    code = "import sys, rllm, rllm_core.distributed, rllm_core.eval.runner; print('ray' in sys.modules)"
+    code = "import sys, rllm, rllm_rollout.distributed, rllm_envs.eval.runner; print('ray' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
     assert out.stdout.strip() == "False"

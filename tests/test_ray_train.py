@@ -13,14 +13,14 @@ import pytest
 os.environ.setdefault("RAY_AUTH_MODE", "disabled")
 ray = pytest.importorskip("ray")
 
-from rllm_core.backend import RecordingBackend  # noqa: E402
 from rllm_core.errors import ConfigError  # noqa: E402
 from rllm_core.net import free_port  # noqa: E402
-from rllm_core.testing.fake_upstream import FakeUpstream, start_fake_upstream  # noqa: E402
-from rllm_core.training.config import TrainConfig  # noqa: E402
-from rllm_core.training.loop import train  # noqa: E402
-from rllm_core.training.rundir import RunDir  # noqa: E402
-from rllm_core.training.testing import YesNoBenchmark, alternating_responder  # noqa: E402
+from rllm_testing.fake_upstream import FakeUpstream, start_fake_upstream  # noqa: E402
+from rllm_testing.recording_backend import RecordingBackend  # noqa: E402
+from rllm_testing.training import YesNoBenchmark, alternating_responder  # noqa: E402
+from rllm_train.config import TrainConfig  # noqa: E402
+from rllm_train.loop import train  # noqa: E402
+from rllm_train.rundir import RunDir  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -73,7 +73,7 @@ def test_verl_with_ray_rollout_workers_trains_and_shuts_down(tmp_path: Path) -> 
     pytest.importorskip("verl")
     from typer.testing import CliRunner
 
-    from rllm_core.cli.app import build_app
+    from rllm.cli.app import build_app
 
     assert not ray.is_initialized()
     out = tmp_path / "verl-ray"

@@ -17,16 +17,16 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from rllm_core.benchmarks import get_benchmark
-from rllm_core.benchmarks.arithmetic import Arithmetic
-from rllm_core.cli.app import build_app
+from rllm.cli.app import build_app
 from rllm_core.errors import ConfigError
-from rllm_core.rewards.types import RewardResult
-from rllm_core.rollout import RolloutConfig, derive_seed
-from rllm_core.training.config import TrainConfig, load_config
-from rllm_core.training.loop import _check_resume_config, train
-from rllm_core.training.rundir import RunDir
+from rllm_core.rewards import RewardResult
 from rllm_core.types import Task
+from rllm_envs.benchmarks import get_benchmark
+from rllm_envs.benchmarks.arithmetic import Arithmetic
+from rllm_rollout.rollout import RolloutConfig, derive_seed
+from rllm_train.config import TrainConfig, load_config
+from rllm_train.loop import _check_resume_config, train
+from rllm_train.rundir import RunDir
 
 runner = CliRunner()
 SMALL = ["--model", "tiny-random", "--batch-size", "2", "--group-size", "2", "--max-tokens", "8",
@@ -162,8 +162,8 @@ def test_seeds_are_derived_stably_and_kept_apart() -> None:
 async def test_engine_seed_seeds_episodes_not_every_call(fake_upstream: Any) -> None:
     """sampling["seed"] is the run's: each (task, attempt) gets its own episode seed, the default rollout sends
     that episode's call seed, and config.sampling never forwards one shared seed; without it nothing is seeded."""
-    from rllm_core.benchmarks.rollouts import single_turn
-    from rllm_core.engine import run_episodes
+    from rllm_rollout.benchmarks.rollouts import single_turn
+    from rllm_rollout.engine import run_episodes
 
     tasks = [Task(id="t0", instruction="What is 1 + 1?"), Task(id="t1", instruction="What is 1 + 1?")]
     seeded = await run_episodes(single_turn, tasks, base_url=fake_upstream.base_url, attempts=2, progress=False,
@@ -187,7 +187,7 @@ def test_a_seeded_request_is_the_same_bits_in_any_batch() -> None:
 
     import httpx
 
-    from rllm_backends.local_torch.serving import load_model, start_policy_server
+    from rllm_serve import load_model, start_policy_server
 
     def ask(client: httpx.Client, content: str, seed: int, max_tokens: int) -> tuple[list[int], list[float]]:
         body = {"messages": [{"role": "user", "content": content}], "max_tokens": max_tokens, "seed": seed,

@@ -22,14 +22,15 @@ from test_adapter_support import expected_reply_ids, fresh_warnings, trajectory_
 
 import rllm
 from rllm_adapters.openai_agents import run_config
-from rllm_core.capture import install
-from rllm_core.capture.request import endpoint_of, prepare_call
-from rllm_core.capture.responses import ResponsesAssembler, chat_tools, input_to_messages
-from rllm_core.capture.unrecorded import reset_unrecorded, unrecognized_llm_call, unrecorded_counts
 from rllm_core.context import EpisodeContext, episode_scope
-from rllm_core.gateway import GatewayHandle, UpstreamConfig, start_gateway
-from rllm_core.testing.fake_upstream import FakeUpstream, encode, start_fake_upstream, token_logprob
 from rllm_core.types import Step
+from rllm_rollout.capture import install
+from rllm_rollout.capture.request import endpoint_of, prepare_call
+from rllm_rollout.capture.responses import ResponsesAssembler
+from rllm_rollout.capture.responses_input import chat_tools, input_to_messages
+from rllm_rollout.capture.unrecorded import reset_unrecorded, unrecognized_llm_call, unrecorded_counts
+from rllm_rollout.gateway import GatewayHandle, UpstreamConfig, start_gateway
+from rllm_testing.fake_upstream import FakeUpstream, encode, start_fake_upstream, token_logprob
 
 TOOLS = [{"type": "function", "name": "add", "description": "add", "parameters": {"type": "object",
                                                                                  "properties": {}}}]
@@ -390,7 +391,7 @@ def test_an_unrecognized_llm_call_warns_once_and_is_counted(fake_upstream: FakeU
 def policy_server() -> Any:
     import torch
 
-    from rllm_backends.local_torch.serving import load_model, start_policy_server
+    from rllm_serve import load_model, start_policy_server
 
     torch.set_num_threads(1)
     with start_policy_server(load_model("tiny-random"), max_batch_size=8) as s:
@@ -430,9 +431,9 @@ def test_policy_server_responses_through_the_gateway_carry_the_servers_own_ids(p
 
 
 def test_policy_server_parses_tool_calls_into_function_call_items(policy_server: Any) -> None:
-    from rllm_backends.local_torch.serving.protocol import ResponsesRequest
-    from rllm_backends.local_torch.serving.responses import ChoiceResult
-    from rllm_backends.local_torch.serving.responses_api import ResponsesBuilder
+    from rllm_serve.protocol import ResponsesRequest
+    from rllm_serve.responses import ChoiceResult
+    from rllm_serve.responses_api import ResponsesBuilder
 
     tok = policy_server.loaded.tokenizer
     text = 'Sure.<tool_call>{"name": "add", "arguments": {"x": 1}}</tool_call>'
@@ -473,7 +474,7 @@ def test_policy_server_seed_reproduces_a_sampled_response(policy_server: Any) ->
 
 
 def test_unrecorded_counts_stay_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rllm_core.capture import unrecorded
+    from rllm_rollout.capture import unrecorded
 
     monkeypatch.setattr(unrecorded, "_MAX_KEPT", 3)
     unrecorded.reset_unrecorded()

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from rllm_core.capture.retokenize import retokenize_step
 from rllm_core.types import Step
+from rllm_rollout.capture.retokenize import retokenize_step
 
 
 @pytest.fixture(scope="module")
 def tok() -> Any:
-    from rllm_backends.local_torch.serving.models import load_tokenizer
+    from rllm_serve.models import load_tokenizer
 
     return load_tokenizer("tiny-random")
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rllm_core.rewards import (
+from rllm_envs.rewards import (
     SandboxLimits,
     extract_answer,
     extract_boxed,
@@ -21,7 +21,7 @@ from rllm_core.rewards import (
     math_equal,
     run_python,
 )
-from rllm_core.rewards._time_limit import call_with_time_limit
+from rllm_envs.rewards._time_limit import call_with_time_limit
 
 
 @pytest.mark.parametrize(("gold", "answer"), [
@@ -64,7 +64,7 @@ def test_time_limit() -> None:
 
 
 def test_time_limit_stops_piling_up_stuck_calls(monkeypatch: pytest.MonkeyPatch) -> None:
-    from rllm_core.rewards import _time_limit
+    from rllm_envs.rewards import _time_limit
 
     already = _time_limit.stuck_calls()  # an earlier test's overrun may still be sleeping
     monkeypatch.setattr(_time_limit, "MAX_STUCK", already + 2)
@@ -202,7 +202,7 @@ def test_grade_code_body_only_completion() -> None:
 
 
 def test_reasoning_gym_reasons() -> None:
-    from rllm_core.benchmarks import get_benchmark
+    from rllm_envs.benchmarks import get_benchmark
 
     bench = get_benchmark("basic_arithmetic")
     task = bench.load("test", max_examples=1)[0]
@@ -217,7 +217,7 @@ def test_reasoning_gym_reasons() -> None:
 def test_humaneval_whole_function_reply_keeps_the_prompts_helpers() -> None:
     """HumanEval/38's prompt defines `encode_cyclic`, which its tests call: a reply with only `decode_cyclic`
     must still be run next to it."""
-    from rllm_core.benchmarks import get_benchmark
+    from rllm_envs.benchmarks import get_benchmark
 
     bench = get_benchmark("humaneval")
     task = bench.load()[38]
@@ -230,7 +230,7 @@ def test_humaneval_whole_function_reply_keeps_the_prompts_helpers() -> None:
 
 def test_grade_math_timeout_and_grader_error(monkeypatch: pytest.MonkeyPatch) -> None:
     """A math-verify call that hangs is cut off as `timeout` on time; one that raises is `error`, not a crash."""
-    import rllm_core.rewards.math as math_mod
+    import rllm_envs.rewards.math as math_mod
 
     monkeypatch.setattr(math_mod, "_verify", lambda gold, answer: time.sleep(3))
     started = time.monotonic()

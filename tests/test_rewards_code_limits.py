@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from rllm_core.rewards import SandboxLimits, grade_code
-from rllm_core.rewards.grade_cgroup import GradeCgroup
+from rllm_envs.rewards import SandboxLimits, grade_code
+from rllm_envs.rewards.grade_cgroup import GradeCgroup
 
 MBPP_TESTS = "assert set(similar_elements((3, 4, 5, 6),(5, 7, 4, 10))) == set((4, 5))\n"
 HONEST = "def similar_elements(a, b):\n    return tuple(set(a) & set(b))\n"

@@ -21,10 +21,10 @@ from typing import Any
 
 import pytest
 
-from rllm_core.benchmarks import get_benchmark
 from rllm_core.errors import BenchmarkError
-from rllm_core.rewards import RewardResult, SandboxLimits, grade_code, grade_stdio
-from rllm_core.rewards.sandbox import run_judged
+from rllm_envs.benchmarks import get_benchmark
+from rllm_envs.rewards import RewardResult, SandboxLimits, grade_code, grade_stdio
+from rllm_envs.rewards.sandbox import run_judged
 
 HACKS = sorted((Path(__file__).parent / "data" / "code_hacks").glob("*.py"))
 MBPP_TESTS = ("assert set(similar_elements((3, 4, 5, 6),(5, 7, 4, 10))) == set((4, 5))\n"
@@ -280,7 +280,7 @@ def test_livecodebench_loads_the_hub_files(tmp_path: Path, monkeypatch: pytest.M
     test2.jsonl, ...), stopping at max_examples."""
     import huggingface_hub
 
-    import rllm_core.benchmarks.data as data
+    import rllm_rollout.benchmarks.data as data
 
     files = {"test.jsonl": _lcb_file(tmp_path / "a"), "test2.jsonl": _lcb_file(tmp_path / "b")}
     monkeypatch.delenv("RLLM_DATA_DIR", raising=False)

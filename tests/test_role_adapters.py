@@ -16,14 +16,15 @@ from rich.console import Console
 from rllm_backends.local_torch.backend import LocalTorchBackend
 from rllm_backends.local_torch.logprobs import collate, sequence_logprobs
 from rllm_backends.local_torch.trainer import TorchTrainer
-from rllm_core.backend import RecordingBackend, check_capabilities
 from rllm_core.errors import ConfigError
-from rllm_core.rewards.types import RewardResult
-from rllm_core.training.config import TrainConfig
-from rllm_core.training.loop import train
-from rllm_core.training.packing import TrainRow
-from rllm_core.training.testing import YesNoBenchmark, yesno_config
+from rllm_core.rewards import RewardResult
 from rllm_core.types import Episode, Task
+from rllm_testing.recording_backend import RecordingBackend
+from rllm_testing.training import YesNoBenchmark, yesno_config
+from rllm_train.backend import check_capabilities
+from rllm_train.config import TrainConfig
+from rllm_train.loop import train
+from rllm_train.packing import TrainRow
 
 peft = pytest.importorskip("peft")
 
@@ -173,7 +174,7 @@ def _step_logprobs(model: Any, prompt: list[int], completion: list[int]) -> list
 
 
 def _fresh_adapter(path: Path) -> Any:
-    from rllm_backends.local_torch.serving import load_model
+    from rllm_serve import load_model
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")

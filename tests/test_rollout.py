@@ -11,8 +11,8 @@ import openai
 import pytest
 
 import rllm
-from rllm_core.testing.fake_upstream import encode, token_logprob
 from rllm_core.types import Episode, Step, Task, Trajectory
+from rllm_testing.fake_upstream import encode, token_logprob
 
 TASK = Task(id="t1", instruction="hello there")
 
@@ -188,7 +188,7 @@ def test_a_gateway_in_another_process_through_remote_gateway(fake_upstream):
     """What a Ray worker does: record through a gateway it did not start, with that gateway's bearer token."""
     import pickle
 
-    from rllm_core.gateway import GatewayClient, RemoteGateway, UpstreamConfig, start_gateway
+    from rllm_rollout.gateway import GatewayClient, RemoteGateway, UpstreamConfig, start_gateway
 
     @rllm.rollout
     def agent(task: Task, config: rllm.RolloutConfig) -> str:
@@ -316,7 +316,7 @@ def test_misspelt_keyword_arguments_are_refused(fake_upstream, given, suggested)
 def test_the_arun_keyword_list_matches_its_signature():
     import inspect
 
-    from rllm_core.rollout import _ARUN_KEYWORDS
+    from rllm_rollout.rollout import _ARUN_KEYWORDS
 
     params = inspect.signature(rllm.Rollout.arun).parameters.values()
     assert tuple(p.name for p in params if p.kind is p.KEYWORD_ONLY) == _ARUN_KEYWORDS
@@ -337,7 +337,7 @@ async def test_retokenizing_runs_off_the_event_loop(fake_upstream, monkeypatch):
     import threading
     import time
 
-    retok = importlib.import_module("rllm_core.capture.retokenize")  # the package exports a same-named function
+    retok = importlib.import_module("rllm_rollout.capture.retokenize")  # the package exports a same-named function
     loop_thread = threading.get_ident()
     threads: list[int] = []
     real = retok.retokenize_step

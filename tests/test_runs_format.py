@@ -10,15 +10,15 @@ from pathlib import Path
 import pytest
 import yaml
 
-from rllm_core.backend import RecordingBackend
 from rllm_core.errors import TrainingError
-from rllm_core.eval.runner import EvalOptions, run_eval
 from rllm_core.io import read_jsonl
 from rllm_core.runs import FORMAT, RunReader, index_path
-from rllm_core.testing.fake_upstream import FakeUpstream, start_fake_upstream
-from rllm_core.training.loop import train
-from rllm_core.training.testing import YesNoBenchmark, alternating_responder, yesno_config
 from rllm_core.types import Episode
+from rllm_envs.eval.runner import EvalOptions, run_eval
+from rllm_testing.fake_upstream import FakeUpstream, start_fake_upstream
+from rllm_testing.recording_backend import RecordingBackend
+from rllm_testing.training import YesNoBenchmark, alternating_responder, yesno_config
+from rllm_train.loop import train
 
 
 @pytest.fixture

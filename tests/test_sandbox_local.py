@@ -20,12 +20,12 @@ import pytest
 
 from rllm_core.errors import ConfigError
 from rllm_core.plugins import PluginManager
-from rllm_core.sandbox import EnvironmentSpec, SandboxError, SandboxResources
-from rllm_core.testing.sandbox_double import SubprocessSandboxProvider
+from rllm_core.sandbox import EnvironmentSpec, SandboxError, SandboxResources, get_sandbox_providers
 from rllm_sandboxes.local import LocalSandbox, LocalSandboxProvider, lifecycle
 from rllm_sandboxes.local import plugin as local_plugin
 from rllm_sandboxes.local.plugin import rllm_register_sandbox_providers
 from rllm_sandboxes.local.proc import processes_of_uid
+from rllm_testing.sandbox_double import SubprocessSandboxProvider
 
 
 @pytest.fixture
@@ -298,7 +298,7 @@ def test_plugin_registers_the_local_provider(tmp_path: Path) -> None:
     assert spec.name == "local" and spec.requires is None and "bubblewrap" in spec.description
     manager = PluginManager(load_entry_points=False)  # the hookimpl matches the hookspec
     manager.register(local_plugin, name="sandbox_local")
-    built = manager.sandbox_providers()["local"].factory(root=tmp_path / "sb")
+    built = get_sandbox_providers(manager)["local"].factory(root=tmp_path / "sb")
     assert isinstance(built, LocalSandboxProvider) and built.name == "local"
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import pytest
 
 from rllm_core.errors import ConfigError
-from rllm_core.sandbox import EnvironmentSpec, Sandbox, SandboxError, SandboxResources
+from rllm_core.sandbox import EnvironmentSpec, Sandbox, SandboxError, SandboxResources, get_sandbox_providers
 from rllm_sandboxes._archive import RemoteSandbox, clip_output, pack, shell_argv, unpack
 from rllm_sandboxes.daytona.provider import DaytonaProvider
 from rllm_sandboxes.docker.provider import DockerProvider, image_tag
@@ -520,7 +520,7 @@ def test_plugins_register_the_three_providers(creds: None) -> None:
     manager = PluginManager(load_entry_points=False)
     for name, module in (("docker", docker_plugin), ("modal", modal_plugin), ("daytona", daytona_plugin)):
         manager.register(module, name=name)
-    specs = manager.sandbox_providers()
+    specs = get_sandbox_providers(manager)
     assert {name: spec.requires for name, spec in specs.items()} == {
         "docker": "rllm[docker]", "modal": "rllm[modal]", "daytona": "rllm[daytona]"}
     assert all(spec.description for spec in specs.values())

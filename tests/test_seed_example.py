@@ -15,11 +15,11 @@ import pytest
 from typer.testing import CliRunner
 
 import rllm
-from rllm_core.cli.app import build_app
-from rllm_core.eval import EvalOptions, load_agent, run_eval
-from rllm_core.gateway import UpstreamConfig, start_gateway
+from rllm.cli.app import build_app
 from rllm_core.io import read_jsonl
 from rllm_core.types import Episode
+from rllm_envs.eval import EvalOptions, load_agent, run_eval
+from rllm_rollout.gateway import UpstreamConfig, start_gateway
 
 SEED = '''import rllm
 from openai import OpenAI
@@ -35,7 +35,7 @@ def solve(task, config):                      # your agent, unchanged: it just u
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Any]:
-    from rllm_backends.local_torch.serving import start_policy_server
+    from rllm_serve import start_policy_server
 
     with start_policy_server("tiny-random") as s:
         yield s

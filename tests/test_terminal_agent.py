@@ -23,8 +23,6 @@ from aiohttp import web
 
 from rllm_core.errors import ConfigError
 from rllm_core.sandbox import EnvironmentSpec, ExecResult, sandbox_scope
-from rllm_core.testing.fake_upstream import FakeUpstream, start_fake_upstream
-from rllm_core.testing.sandbox_double import SubprocessSandbox, SubprocessSandboxProvider
 from rllm_core.types import Episode, Task
 from rllm_envs.terminal import agent as agent_mod
 from rllm_envs.terminal.actions import format_observation, parse_bash_arguments, parse_text_action, truncate_middle
@@ -35,6 +33,8 @@ from rllm_envs.terminal.agent import (
     terminal_agent,
     time_budget,
 )
+from rllm_testing.fake_upstream import FakeUpstream, start_fake_upstream
+from rllm_testing.sandbox_double import SubprocessSandbox, SubprocessSandboxProvider
 
 SAMPLING = {"temperature": 0.3, "max_tokens": 512}
 
@@ -354,7 +354,7 @@ async def test_rewards_are_exact_with_the_harbor_verifier(tmp_path: Path, comman
             return started[-1]
 
     _harbor_task(tmp_path / "tasks")
-    bench = HarborBenchmark(tmp_path / "tasks")
+    bench = HarborBenchmark(tmp_path / "tasks", agent=terminal_agent)
     [task] = bench.load()
     assert bench.default_rollout() is terminal_agent
     wrapped = bench.wrap_rollout(terminal_agent, sandbox=Recording())
@@ -378,10 +378,10 @@ def test_end_to_end_on_the_tiny_random_policy_server(sandbox: SubprocessSandbox)
     answered with a user message, until `max_format_errors`; the turns pack into ONE row per trajectory whose
     re-prompts are mask-0 runs between the mask-1 completions. What it cannot exercise: a command chosen by the
     model (the fake-upstream tests above cover commands, tool messages and their masking semantics)."""
-    from rllm_backends.local_torch.serving import start_policy_server
-    from rllm_core.engine import run_episodes
-    from rllm_core.gateway import start_gateway
-    from rllm_core.training.packing import pack_trajectory
+    from rllm_rollout.engine import run_episodes
+    from rllm_rollout.gateway import start_gateway
+    from rllm_serve import start_policy_server
+    from rllm_train.packing import pack_trajectory
 
     server = start_policy_server("tiny-random")
     try:

@@ -17,13 +17,13 @@ from typing import Any
 
 import pytest
 
-from rllm_core.rollout import RolloutConfig, rollout
 from rllm_core.sandbox import aexec, current_sandbox
 from rllm_core.types import Episode, Task
 from rllm_envs.harbor import HarborTask, load_tasks, nop, oracle, run_harbor_episode
 from rllm_envs.harbor.episode import HarborVerdict
 from rllm_envs.terminal.benchmark import TASKS_DIR, TerminalBenchmark, tier_of
 from rllm_envs.terminal.plugin import rllm_register_benchmarks
+from rllm_rollout.rollout import RolloutConfig, rollout
 from rllm_sandboxes.local import LocalSandboxProvider
 
 DOCKERFILE_LINE = re.compile(r"(FROM ubuntu:24\.04|WORKDIR /app|COPY [\w.\-]+ /app/[\w.\-]+)")

@@ -13,11 +13,11 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rllm_backends.local_torch.serving import models as models_mod
-from rllm_core.cli.app import build_app
+from rllm.cli.app import build_app
 from rllm_core.errors import ConfigError
 from rllm_core.hookspecs import hookimpl
 from rllm_core.plugins import get_plugin_manager, reset_plugin_manager
+from rllm_serve import models as models_mod
 
 BARS = ("Converting and de-quantizing GGUF tensors", "Loading weights", "Writing model shards", "it/s]")
 
@@ -86,7 +86,7 @@ def test_real_warnings_still_print_during_a_load(tmp_path) -> None:
     """Only bars are silenced: a transformers warning (a config problem, a deprecation) still reaches stderr."""
     proc = _run_python(
         "from transformers.utils import logging\n"
-        "from rllm_backends.local_torch.serving.models import _quiet_hf_progress\n"
+        "from rllm_serve.models import _quiet_hf_progress\n"
         "with _quiet_hf_progress():\n"
         "    logging.get_logger('transformers.modeling_utils').warning('a real problem with this checkpoint')\n",
         tmp_path)
@@ -108,7 +108,7 @@ def test_first_conversion_of_the_embedded_model_prints_only_rllms_notice(tmp_pat
     proc = _run_python(
         "import logging\n"
         "logging.basicConfig(format='%(levelname)s %(name)s: %(message)s')  # as `rllm` configures it\n"
-        "from rllm_backends.local_torch.serving.models import load_model\n"
+        "from rllm_serve.models import load_model\n"
         "print('hidden', load_model('smollm2-135m').model.config.hidden_size)\n"
         "from transformers.utils import logging as hf_logging\n"
         "print('bars after', hf_logging.is_progress_bar_enabled())\n",
@@ -123,7 +123,7 @@ def test_first_conversion_of_the_embedded_model_prints_only_rllms_notice(tmp_pat
 
 def test_plugins_shows_the_extra_of_a_missing_adapter(monkeypatch) -> None:
     """`rllm plugins` with autogen not installed says `pip install "rllm[autogen]"`, brackets included."""
-    from rllm_core.cli import plugins_cmd
+    from rllm.cli import plugins_cmd
 
     real_version = plugins_cmd.version
 
@@ -189,7 +189,7 @@ def test_smollm2_without_its_package_keeps_its_own_message(monkeypatch, tmp_path
 def test_train_help_fits_80_columns_and_keeps_the_no_flags(monkeypatch) -> None:
     """`rllm train --help` at 80 columns cuts no option name ("…"), and `--no-X` still turns a bool off (a
     benchmark may recommend bf16; `--no-bf16` must win)."""
-    from rllm_core.training import plugin
+    from rllm_train import plugin
 
     monkeypatch.setenv("COLUMNS", "80")
     result = CliRunner().invoke(build_app(), ["train", "--help"])

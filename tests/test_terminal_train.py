@@ -10,10 +10,10 @@ from typing import Any
 
 from rich.console import Console
 
-from rllm_core.backend import RecordingBackend
-from rllm_core.testing.fake_upstream import start_fake_upstream
-from rllm_core.training.config import load_config
-from rllm_core.training.loop import train
+from rllm_testing.fake_upstream import start_fake_upstream
+from rllm_testing.recording_backend import RecordingBackend
+from rllm_train.config import load_config
+from rllm_train.loop import train
 
 
 def _responder(body: dict[str, Any]) -> Any:

@@ -14,14 +14,14 @@ from rllm_backends.tinker import retry
 from rllm_backends.tinker.backend import STATE_FILE, TinkerBackend
 from rllm_backends.tinker.double import ServiceDouble
 from rllm_core.errors import ConfigError, TrainingError
-from rllm_core.rewards.types import RewardResult
-from rllm_core.testing.backend_contract import BackendContract
-from rllm_core.training.checkpoints import latest_checkpoint
-from rllm_core.training.config import TrainConfig
-from rllm_core.training.loop import train
-from rllm_core.training.rundir import RunDir
-from rllm_core.training.testing import YesNoBenchmark
+from rllm_core.rewards import RewardResult
+from rllm_core.runs.checkpoints import latest_checkpoint
 from rllm_core.types import Task
+from rllm_testing.backend_contract import BackendContract
+from rllm_testing.training import YesNoBenchmark
+from rllm_train.config import TrainConfig
+from rllm_train.loop import train
+from rllm_train.rundir import RunDir
 
 SERVICE = "rllm_backends.tinker.double:service_double_from_env"
 
@@ -86,7 +86,7 @@ def _logprobs(backend: TinkerBackend, tokens: list[int]) -> list[float | None]:
 
 
 def test_weights_move_and_the_sampler_follows(tmp_path: Path, double_env: Path) -> None:
-    from rllm_core.testing.backend_contract import sample_rows
+    from rllm_testing.backend_contract import sample_rows
 
     config = _config(tmp_path)
     backend = TinkerBackend(config)
@@ -112,7 +112,7 @@ PROBE = [1, 2, 3, 4, 5, 6, 7, 8]
 def test_a_transient_failure_retries_the_step_from_its_snapshot(tmp_path: Path, double_env: Path, loss: str,
                                                                 method: str) -> None:
     """The retried step leaves exactly the weights a step without the failure leaves (never two updates)."""
-    from rllm_core.testing.backend_contract import sample_rows
+    from rllm_testing.backend_contract import sample_rows
 
     twins = []
     for name in ("clean", "faulty", "untrained"):
@@ -163,8 +163,8 @@ def test_a_service_down_mid_run_stops_with_a_checkpoint_of_the_last_step(tmp_pat
 
 
 def test_eval_samples_from_a_trained_run(tmp_path: Path, double_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rllm.cli.app import build_app  # the CLI as a user runs it
     from rllm_backends.tinker import double
-    from rllm_core.cli.app import build_app  # the CLI as a user runs it
 
     _train(_config(tmp_path, max_steps=1))
     made: list[ServiceDouble] = []

@@ -10,8 +10,8 @@ import tinker  # noqa: F401  (in the dev extra: a missing SDK must fail here, no
 
 from rllm_backends.tinker.datum import row_to_datum, rows_to_datums
 from rllm_core.errors import TrainingError
-from rllm_core.training.packing import TrainRow, pack_trajectory
 from rllm_core.types import Step, Trajectory
+from rllm_train.packing import TrainRow, pack_trajectory
 
 
 def _row(tokens: list[int], mask: list[int], lps: list[float], adv: float = 1.5, **kw: object) -> TrainRow:

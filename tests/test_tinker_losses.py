@@ -23,11 +23,11 @@ from rllm_backends.tinker.losses import (
     make_custom_loss,
     plan_loss,
 )
-from rllm_core.algorithms import agg_loss, policy_loss_with_metrics
-from rllm_core.algorithms.names import LOSSES
 from rllm_core.errors import ConfigError, TrainingError
-from rllm_core.training.config import TrainConfig
-from rllm_core.training.packing import TrainRow
+from rllm_train.algorithms import agg_loss, policy_loss_with_metrics
+from rllm_train.algorithms.names import LOSSES
+from rllm_train.config import TrainConfig
+from rllm_train.packing import TrainRow
 
 TOL = 1e-6
 AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")

@@ -23,11 +23,11 @@ import pytest
 import tinker
 from tinker import types as ttypes
 
-from rllm_backends.local_torch.serving.models import load_tokenizer
-from rllm_backends.local_torch.serving.sampling import SamplingParams
 from rllm_backends.tinker.sampling import TinkerSamplingEngine, tinker_sampling_params
 from rllm_backends.tinker.server import TinkerSamplingServer, start_tinker_sampling_server
-from rllm_core.gateway import GatewayHandle, start_gateway
+from rllm_rollout.gateway import GatewayHandle, start_gateway
+from rllm_serve.models import load_tokenizer
+from rllm_serve.sampling import SamplingParams
 
 MSGS = [{"role": "user", "content": "What is two plus two?"}]
 TOOLS_TEMPLATE = (

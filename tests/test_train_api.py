@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-import rllm_core.algorithms as algorithms
-import rllm_core.backend as backend
-import rllm_core.training as training
+import rllm_train as training
+import rllm_train.algorithms as algorithms
+import rllm_train.backend as backend
 
 
 def test_public_names() -> None:
@@ -19,8 +19,8 @@ def test_public_names() -> None:
         "save_checkpoint", "train",
     ]
     assert sorted(backend.__all__) == [
-        "Backend", "BackendBase", "BackendCapabilities", "PolicyEndpoint", "RecordingBackend", "TrainStepResult",
-        "check_capabilities", "create_backend", "resolve_metrics",
+        "Backend", "BackendBase", "BackendCapabilities", "BackendSpec", "ExportRequest", "ExportResult",
+        "PolicyEndpoint", "TrainStepResult", "check_capabilities", "create_backend", "get_backends", "resolve_metrics",
     ]
     for mod in (algorithms, training, backend):
         for name in mod.__all__:
@@ -28,5 +28,7 @@ def test_public_names() -> None:
 
 
 def test_recording_backend_satisfies_the_protocol() -> None:
-    assert isinstance(backend.RecordingBackend("http://127.0.0.1:1/v1"), backend.Backend)
+    from rllm_testing.recording_backend import RecordingBackend
+
+    assert isinstance(RecordingBackend("http://127.0.0.1:1/v1"), backend.Backend)
     assert algorithms.ESTIMATORS == ("grpo", "dr_grpo", "rloo", "reinforce", "reinforce_plus_plus_baseline")

@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rllm_core.cli.app import build_app
-from rllm_core.training.checkpoints import latest_checkpoint
+from rllm.cli.app import build_app
+from rllm_core.runs.checkpoints import latest_checkpoint
 
 runner = CliRunner()
 SMALL = ["--model", "tiny-random", "--batch-size", "2", "--group-size", "2", "--max-tokens", "8",

@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rllm_core.cli.app import build_app
+from rllm.cli.app import build_app
 from rllm_core.errors import ConfigError
-from rllm_core.training.config import TrainConfig, load_config
-from rllm_core.training.plugin import _algo_text, _steps
+from rllm_train.config import TrainConfig, load_config
+from rllm_train.plugin import _algo_text, _steps
 
 runner = CliRunner()
 
@@ -65,8 +65,8 @@ def test_header_words() -> None:
 
 
 def test_resume_refuses_other_weights_before_touching_the_run(tmp_path: Path) -> None:
-    from rllm_core.training.loop import _check_resume_config
-    from rllm_core.training.rundir import RunDir
+    from rllm_train.loop import _check_resume_config
+    from rllm_train.rundir import RunDir
 
     run = RunDir(tmp_path).create()
     TrainConfig(model="tiny-random", output=str(tmp_path)).dump_yaml(run.config_file)
@@ -80,20 +80,20 @@ def test_resume_refuses_other_weights_before_touching_the_run(tmp_path: Path) ->
 def test_checkpoint_of_another_model_is_one_line() -> None:
     import torch
 
-    from rllm_backends.local_torch.trainer import _check_fits
+    from rllm_backends.local_torch.checkpoint_io import check_fits
 
     own = {"a": torch.zeros(2, 3), "b": torch.zeros(1)}
-    _check_fits(own, dict(own), Path("ckpt"))
+    check_fits(own, dict(own), Path("ckpt"))
     with pytest.raises(ConfigError) as info:
-        _check_fits(own, {"a": torch.zeros(2, 5), "c": torch.zeros(1)}, Path("ckpt"))
+        check_fits(own, {"a": torch.zeros(2, 5), "c": torch.zeros(1)}, Path("ckpt"))
     text = str(info.value)
     assert "\n" not in text and "1 weights missing, 1 unexpected, 1 of another shape" in text
     assert "a is (2, 5) there, (2, 3) here" in text
 
 
 def test_resume_with_no_step_left_says_so(tmp_path: Path) -> None:
-    from rllm_core.training.loop import _check_resume_config
-    from rllm_core.training.rundir import RunDir
+    from rllm_train.loop import _check_resume_config
+    from rllm_train.rundir import RunDir
 
     run = RunDir(tmp_path).create()
     TrainConfig(output=str(tmp_path)).dump_yaml(run.config_file)
@@ -108,7 +108,7 @@ def test_resume_with_no_step_left_says_so(tmp_path: Path) -> None:
 def test_config_yaml_is_written_atomically_and_a_cut_short_one_is_refused(tmp_path) -> None:
     """A crash mid-write leaves the old config.yaml or the new one, never half; a config.yaml cut short (or
     edited down) is refused at --resume naming the file, not filled with defaults (the default model)."""
-    from rllm_core.training.config import load_config, load_run_config
+    from rllm_train.config import load_config, load_run_config
 
     path = tmp_path / "config.yaml"
     load_config(None, benchmark="arithmetic", model="tiny-random").dump_yaml(path)

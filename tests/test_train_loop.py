@@ -15,15 +15,15 @@ from pathlib import Path
 
 import pytest
 
-from rllm_core.backend import RecordingBackend
 from rllm_core.errors import ConfigError, TrainingError
-from rllm_core.rollout import rollout
-from rllm_core.testing.fake_upstream import FakeUpstream, start_fake_upstream
-from rllm_core.training.checkpoints import latest_checkpoint
-from rllm_core.training.config import TrainConfig, load_config
-from rllm_core.training.loop import sample_tasks, train
-from rllm_core.training.rundir import RunDir
-from rllm_core.training.testing import YesNoBenchmark, alternating_responder, yesno_config
+from rllm_core.runs.checkpoints import latest_checkpoint
+from rllm_rollout.rollout import rollout
+from rllm_testing.fake_upstream import FakeUpstream, start_fake_upstream
+from rllm_testing.recording_backend import RecordingBackend
+from rllm_testing.training import YesNoBenchmark, alternating_responder, yesno_config
+from rllm_train.config import TrainConfig, load_config
+from rllm_train.loop import sample_tasks, train
+from rllm_train.rundir import RunDir
 
 
 @pytest.fixture
@@ -163,11 +163,11 @@ def test_toml_config_and_role_map(tmp_path: Path) -> None:
 CHILD = textwrap.dedent("""
     import sys, time
     from pathlib import Path
-    from rllm_core.backend import RecordingBackend
-    from rllm_core.testing.fake_upstream import start_fake_upstream
-    from rllm_core.training.config import TrainConfig
-    from rllm_core.training.loop import train
-    from rllm_core.training.testing import YesNoBenchmark, alternating_responder
+    from rllm_testing.recording_backend import RecordingBackend
+    from rllm_testing.fake_upstream import start_fake_upstream
+    from rllm_train.config import TrainConfig
+    from rllm_train.loop import train
+    from rllm_testing.training import YesNoBenchmark, alternating_responder
 
     out, phase = Path(sys.argv[1]), sys.argv[2]
 
@@ -223,7 +223,7 @@ def test_sigkill_mid_step_resumes_from_last_good_checkpoint(tmp_path: Path, phas
 
 
 def test_self_scoring_agent_without_a_reward_is_reported_once(monkeypatch, caplog) -> None:
-    import rllm_core.training.rollouts as loop
+    import rllm_train.rollouts as loop
     from rllm_core.types import Episode, Task
 
     monkeypatch.setattr(loop, "_warned_no_reward", False)

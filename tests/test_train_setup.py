@@ -12,17 +12,17 @@ import pytest
 from rich.console import Console
 from typer.testing import CliRunner
 
-from rllm_core.backend import RecordingBackend
-from rllm_core.cli.app import build_app
+from rllm.cli.app import build_app
 from rllm_core.errors import ConfigError
-from rllm_core.testing.fake_upstream import FakeUpstream, start_fake_upstream
-from rllm_core.training.config import TrainConfig, load_config
-from rllm_core.training.display import eval_line, step_line
-from rllm_core.training.loop import _skip_reason, train
-from rllm_core.training.rundir import RunDir
-from rllm_core.training.setup import apply_benchmark_defaults
-from rllm_core.training.testing import YesNoBenchmark, alternating_responder
 from rllm_core.types import Episode, Step, Task, Trajectory
+from rllm_testing.fake_upstream import FakeUpstream, start_fake_upstream
+from rllm_testing.recording_backend import RecordingBackend
+from rllm_testing.training import YesNoBenchmark, alternating_responder
+from rllm_train.config import TrainConfig, load_config
+from rllm_train.display import eval_line, step_line
+from rllm_train.loop import _skip_reason, train
+from rllm_train.rundir import RunDir
+from rllm_train.setup import apply_benchmark_defaults
 
 
 class ShortAnswers(YesNoBenchmark):

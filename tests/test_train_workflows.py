@@ -11,18 +11,18 @@ import httpx
 import pytest
 from typer.testing import CliRunner
 
-from rllm_core.backend import RecordingBackend
 from rllm_core.errors import ConfigError
-from rllm_core.gateway import UpstreamConfig, start_gateway
-from rllm_core.rollout import rollout
-from rllm_core.testing.fake_upstream import FakeUpstream, start_fake_upstream
-from rllm_core.training.config import load_config
-from rllm_core.training.loop import train
-from rllm_core.training.roles import weigh_advantages
-from rllm_core.training.rundir import RunDir
-from rllm_core.training.testing import YesNoBenchmark, alternating_responder, yesno_config
 from rllm_core.types import Trajectory, TrajectoryGroup
-from rllm_core.workflows.chat import chat, make_client
+from rllm_rollout.chat import chat, make_client
+from rllm_rollout.gateway import UpstreamConfig, start_gateway
+from rllm_rollout.rollout import rollout
+from rllm_testing.fake_upstream import FakeUpstream, start_fake_upstream
+from rllm_testing.recording_backend import RecordingBackend
+from rllm_testing.training import YesNoBenchmark, alternating_responder, yesno_config
+from rllm_train.config import load_config
+from rllm_train.loop import train
+from rllm_train.roles import weigh_advantages
+from rllm_train.rundir import RunDir
 
 ROLES = {"solver-judge": {"solver", "judge"}, "refinement": {"solver", "critic"},
          "self-debate": {"debater", "moderator"}}
@@ -99,7 +99,7 @@ def test_an_unknown_role_lists_the_workflows_roles(tmp_path: Path, upstream: Fak
 
 
 def test_cli_errors_are_one_line(tmp_path: Path) -> None:
-    from rllm_core.cli.app import build_app
+    from rllm.cli.app import build_app
 
     runner, app = CliRunner(), build_app()
     out = runner.invoke(app, ["train", "arithmetic", "--workflow", "solver-judge", "--estimator",

@@ -20,11 +20,11 @@ from rllm_backends.local_torch.logprobs import (
     packed_logprobs,
     sequence_logprobs,
 )
-from rllm_backends.local_torch.serving import load_model
 from rllm_backends.local_torch.trainer import TorchTrainer, micro_batch_tokens, token_budget_batches
 from rllm_core.errors import ConfigError
-from rllm_core.training.config import TrainConfig
-from rllm_core.training.packing import TrainRow
+from rllm_serve import load_model
+from rllm_train.config import TrainConfig
+from rllm_train.packing import TrainRow
 
 TOL = 1e-5
 

@@ -12,10 +12,10 @@ import torch
 
 from rllm_backends.local_torch.logprobs import enable_packed_attention, packed_logprobs
 from rllm_backends.local_torch.packed_rows import MIN_SHARED_PREFIX, PrefixGroup, pack_rows
-from rllm_backends.local_torch.serving import load_model
 from rllm_backends.local_torch.trainer import TorchTrainer, token_budget_batches
-from rllm_core.training.config import TrainConfig
-from rllm_core.training.packing import TrainRow
+from rllm_serve import load_model
+from rllm_train.config import TrainConfig
+from rllm_train.packing import TrainRow
 
 TOL = 1e-5
 

@@ -17,10 +17,10 @@ pytest.importorskip("ray")
 
 from typer.testing import CliRunner
 
-from rllm_core.backend import Backend, resolve_metrics
 from rllm_core.errors import ConfigError
-from rllm_core.testing.backend_contract import BackendContract, sample_rows
-from rllm_core.training.config import TrainConfig
+from rllm_testing.backend_contract import BackendContract, sample_rows
+from rllm_train.backend import Backend, resolve_metrics
+from rllm_train.config import TrainConfig
 
 pytestmark = pytest.mark.slow
 
@@ -29,7 +29,7 @@ pytestmark = pytest.mark.slow
 def ray_cluster() -> Iterator[None]:
     """One local Ray cluster for this module (each backend then only starts its actor); always stopped."""
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
-    from rllm_core.distributed import connect_ray
+    from rllm_rollout.distributed import connect_ray
 
     with connect_ray(None, num_cpus=2):
         yield
@@ -73,8 +73,8 @@ def test_verl_update_equals_the_local_backend_on_the_same_rows(tmp_path: Path, r
 
 
 def test_rllm_train_arithmetic_with_verl_then_resume(tmp_path: Path, ray_cluster: None) -> None:
-    from rllm_core.cli.app import build_app
-    from rllm_core.training.rundir import RunDir
+    from rllm.cli.app import build_app
+    from rllm_train.rundir import RunDir
 
     app = build_app()
     out = tmp_path / "arith-verl"
@@ -114,7 +114,7 @@ class TestVerlBackendContract(BackendContract):
 def test_refusals_name_the_option(tmp_path: Path) -> None:
     from rllm_backends.verl.backend import VerlBackend
     from rllm_backends.verl.gpu_cluster import check_gpus
-    from rllm_core.backend import check_capabilities
+    from rllm_train.backend import check_capabilities
 
     with pytest.raises(ConfigError, match="loss 'importance_sampling'"):
         VerlBackend(_config(tmp_path, loss="importance_sampling"))
@@ -145,7 +145,7 @@ def test_verl_missing_or_out_of_range_is_refused(monkeypatch: pytest.MonkeyPatch
 
 def test_device_follows_the_gpus_asked_for_unless_given() -> None:
     from rllm_backends.verl.backend import VerlBackend
-    from rllm_core.training.config import load_config
+    from rllm_train.config import load_config
 
     asked = load_config(None, backend="verl", model="Qwen/Qwen2.5-1.5B-Instruct", n_gpus=8)  # the issue's command
     backend = VerlBackend(asked)
@@ -186,7 +186,7 @@ def test_gpu_path_calls_match_verl_signatures() -> None:
 def test_gpu_batches_are_padded_to_the_data_parallel_size_with_rows_that_train_nothing() -> None:
     from rllm_backends.verl.batch import rows_to_dataproto
     from rllm_backends.verl.gpu_cluster import pad_to_multiple
-    from rllm_core.training.packing import TrainRow
+    from rllm_train.packing import TrainRow
 
     rows = [TrainRow(tokens=[1, 2, 3, 4 + i], loss_mask=[0, 0, 1, 1], sampling_logprobs=[0, 0, -0.5, -0.6],
                      advantages=[0, 0, 1.0, 1.0], temperature=1.0) for i in range(5)]
@@ -212,7 +212,7 @@ def test_backend_options_may_pick_the_engine_but_not_rllm_options(tmp_path: Path
 
 def test_kl_is_refused_up_front_until_a_reference_is_computed(tmp_path: Path) -> None:
     from rllm_backends.verl.backend import VerlBackend
-    from rllm_core.backend import check_capabilities
+    from rllm_train.backend import check_capabilities
 
     backend = VerlBackend(_config(tmp_path))
     with pytest.raises(ConfigError, match=r"--kl-type k3.*reference log-probs"):

@@ -16,7 +16,7 @@ from rllm_backends.verl.batch import (
     scoring_temperature,
 )
 from rllm_core.errors import TrainingError
-from rllm_core.training.packing import TrainRow
+from rllm_train.packing import TrainRow
 
 PAD = 0
 

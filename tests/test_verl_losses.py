@@ -21,10 +21,10 @@ from rllm_backends.verl.loss_options import (  # noqa: E402
     check_verl_version,
     verl_actor_overrides,
 )
-from rllm_core.algorithms import policy_loss_with_metrics  # noqa: E402
 from rllm_core.errors import ConfigError  # noqa: E402
-from rllm_core.training.config import TrainConfig  # noqa: E402
-from rllm_core.training.packing import TrainRow  # noqa: E402
+from rllm_train.algorithms import policy_loss_with_metrics  # noqa: E402
+from rllm_train.config import TrainConfig  # noqa: E402
+from rllm_train.packing import TrainRow  # noqa: E402
 
 TOL = 1e-5
 AGGS = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")

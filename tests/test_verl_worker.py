@@ -162,7 +162,7 @@ def test_fsdp1_strategy_cannot_wrap_a_cpu_module(worker, model_dir: str) -> None
 
 
 def test_one_verl_update_matches_torch_and_rllm_loss(worker, model_dir: str) -> None:
-    from rllm_core.algorithms import policy_loss_with_metrics
+    from rllm_train.algorithms import policy_loss_with_metrics
 
     data, seqs, prompt_lens = _batch()
     R = data.batch["responses"].shape[1]
@@ -236,8 +236,8 @@ def test_verl_update_matches_the_local_backend_on_the_same_rows(worker, model_di
     loss_options = pytest.importorskip("rllm_backends.verl.loss_options")
     from rllm_backends.local_torch.trainer import TorchTrainer
     from rllm_backends.verl.worker import VerlActorWorker
-    from rllm_core.training.config import TrainConfig
-    from rllm_core.training.packing import TrainRow
+    from rllm_train.config import TrainConfig
+    from rllm_train.packing import TrainRow
 
     cfg = TrainConfig(lr=LR, micro_batch_size=2, batch_size=2, group_size=2, clip_high=CLIP_HIGH, device="cpu")
     verl_worker = VerlActorWorker(model_dir, loss_options.verl_actor_overrides(cfg), device="cpu")
@@ -293,7 +293,7 @@ def test_update_inside_a_ray_actor(model_dir: str) -> None:
     import ray
 
     from rllm_backends.verl.worker import remote_actor_worker
-    from rllm_core.distributed.ray_cluster import connect_ray
+    from rllm_rollout.distributed.ray_cluster import connect_ray
 
     data, _, _ = _batch()
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")

@@ -7,13 +7,13 @@ from typing import Any
 
 import pytest
 
-from rllm_core.benchmarks import get_benchmark
-from rllm_core.engine import run_episodes
 from rllm_core.errors import ConfigError
-from rllm_core.testing.fake_upstream import start_fake_upstream
 from rllm_core.types import group_trajectories
-from rllm_core.workflows import get_workflow, iterative_refinement, self_debate, solver_judge
-from rllm_core.workflows.solver_judge import parse_pick
+from rllm_envs.benchmarks import get_benchmark
+from rllm_envs.workflows import get_workflow, iterative_refinement, self_debate, solver_judge
+from rllm_envs.workflows.solver_judge import parse_pick
+from rllm_rollout.engine import run_episodes
+from rllm_testing.fake_upstream import start_fake_upstream
 
 
 def _role_responder(body: dict[str, Any]) -> str:

@@ -52,8 +52,8 @@ def main() -> int:
     os.environ.setdefault("RAY_AUTH_MODE", "disabled")
     from rich.console import Console
 
-    from rllm_core.training.config import TrainConfig
-    from rllm_core.training.loop import train
+    from rllm_train.config import TrainConfig
+    from rllm_train.loop import train
 
     out = Path(args.output or tempfile.mkdtemp(prefix="rllm-verl-gpu-"))
     config = TrainConfig(benchmark=args.benchmark, model=args.model, backend="verl", device="cuda",

@@ -5,8 +5,8 @@ from __future__ import annotations
 from typing import Any
 
 from rllm_adapters._common import call_log
+from rllm_core.adapters import AdapterSpec
 from rllm_core.hookspecs import hookimpl
-from rllm_core.plugins import AdapterSpec
 
 __all__ = ["TESTED_VERSIONS", "rllm_on_episode_end", "rllm_register_adapters"]
 

@@ -10,8 +10,8 @@ import os
 from typing import Any
 
 from rllm_adapters._common import call_log, check_version, require_framework
+from rllm_core.adapters import AdapterSpec
 from rllm_core.hookspecs import hookimpl
-from rllm_core.plugins import AdapterSpec
 
 __all__ = ["AUTO_ENV", "TESTED_VERSIONS", "rllm_on_episode_end", "rllm_register_adapters"]
 

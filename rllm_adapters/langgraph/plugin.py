@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+from rllm_core.adapters import AdapterSpec
 from rllm_core.hookspecs import hookimpl
-from rllm_core.plugins import AdapterSpec
 
 __all__ = ["TESTED_VERSIONS", "rllm_register_adapters"]
 

@@ -1,7 +1,7 @@
 """`install()` and `run_config()`: the OpenAI Agents SDK switched to captured, offline-safe, named calls.
 
 - The SDK defaults to the Responses API, which capture records like chat (token ids and logprobs from vLLM's
-  Responses fields, see `rllm_core.capture.responses`), so that default is kept. Opt in to chat completions
+  Responses fields, see `rllm_rollout.capture.responses`), so that default is kept. Opt in to chat completions
   with `install(chat_completions=True)` (process-wide) or `run_config(config, use_responses=False)`.
 - Its default trace processor exports every span to api.openai.com from a background thread; offline that
   means retries and warnings, and in training it means uploading prompts. `install()` replaces it with

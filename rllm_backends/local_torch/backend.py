@@ -18,12 +18,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rllm_backends.local_torch.heap import release_free_memory
-from rllm_core.backend import BackendBase, BackendCapabilities, PolicyEndpoint
 from rllm_core.errors import TrainingError
-from rllm_core.training.config import TrainConfig
-from rllm_core.training.packing import TrainRow
-from rllm_core.training.roles import SHARED_ADAPTER, role_models
+from rllm_serve.heap import release_free_memory
+from rllm_train.backend import BackendBase, BackendCapabilities, PolicyEndpoint
+from rllm_train.config import TrainConfig
+from rllm_train.packing import TrainRow
+from rllm_train.roles import SHARED_ADAPTER, role_models
 
 __all__ = ["LocalTorchBackend"]
 
@@ -53,8 +53,8 @@ class LocalTorchBackend(BackendBase):
     def setup(self, config: TrainConfig) -> None:
         import torch
 
-        from rllm_backends.local_torch.serving import load_model, start_policy_server
         from rllm_backends.local_torch.trainer import TorchTrainer, check_device
+        from rllm_serve import load_model, start_policy_server
 
         check_device(config.device)  # before loading anything: a bad --device is one line, not a traceback
         self.config = config

@@ -27,7 +27,7 @@ import torch
 
 from rllm_core.errors import ConfigError, TrainingError
 
-__all__ = ["BACKEND_FILE", "LEGACY_FILE", "TRAINER_STATE", "load_model_dir", "save_model_dir"]
+__all__ = ["BACKEND_FILE", "LEGACY_FILE", "TRAINER_STATE", "check_fits", "load_model_dir", "save_model_dir"]
 
 TRAINER_STATE = "trainer_state.pt"
 """Optimizer, schedule, step and RNG state: what a resume needs beyond the weights (only the newest keeps it)."""
@@ -108,10 +108,8 @@ def load_model_dir(trainer: Any, path: Path) -> None:
 
 def load_legacy(trainer: Any, path: Path) -> None:
     """A `trainer.pt` checkpoint (rllm before model directories): weights, optimizer and schedule together."""
-    from rllm_backends.local_torch.trainer import _check_fits
-
     state = _torch_load(path / LEGACY_FILE)
-    _check_fits(trainer.model.state_dict(), state["model"], path)
+    check_fits(trainer.model.state_dict(), state["model"], path)
     trainer.model.load_state_dict(state["model"])
     trainer.optimizer.load_state_dict(state["optimizer"])
     trainer.scheduler.load_state_dict(state["scheduler"])
@@ -126,10 +124,8 @@ def _saved_kind(path: Path) -> str | None:
 
 
 def _check_names(own: dict[str, torch.Tensor], saved: dict[str, torch.Tensor], path: Path) -> None:
-    from rllm_backends.local_torch.trainer import _check_fits
-
     tied = {k: v for k, v in own.items() if k in saved or k != "lm_head.weight"}  # saved once when tied
-    _check_fits(tied, saved, path)
+    check_fits(tied, saved, path)
 
 
 def _read_safetensors(file: Path) -> dict[str, torch.Tensor]:
@@ -171,3 +167,20 @@ def _set_rng_state(state: dict[str, Any] | None) -> None:
     random.setstate((version, tuple(internal), gauss_next))
     name, keys, pos, has_gauss, gauss = state["numpy"]
     np.random.set_state((name, keys.numpy().astype(np.uint32), pos, has_gauss, gauss))
+
+
+def check_fits(own: dict[str, torch.Tensor], saved: dict[str, torch.Tensor], path: Path) -> None:
+    """Refuse, in one line, a checkpoint of another model or LoRA setting (a `--resume` with a changed
+    `--model` / `--lora-rank` / `--roles`): torch's own error lists every one of hundreds of mismatched weights."""
+    missing = [k for k in own if k not in saved]
+    unexpected = [k for k in saved if k not in own]
+    reshaped = [k for k in own if k in saved and tuple(own[k].shape) != tuple(saved[k].shape)]
+    if not (missing or unexpected or reshaped):
+        return
+    example = (f"{reshaped[0]} is {tuple(saved[reshaped[0]].shape)} there, {tuple(own[reshaped[0]].shape)} here"
+               if reshaped else (missing or unexpected)[0])
+    raise ConfigError(
+        f"checkpoint {path} does not fit this model ({len(missing)} weights missing, {len(unexpected)} "
+        f"unexpected, {len(reshaped)} of another shape, e.g. {example}): it was saved with another --model, "
+        "--lora-rank or --roles; resume with the settings in the run's config.yaml"
+    )

@@ -25,7 +25,7 @@ from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_f
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from rllm_backends.local_torch.packed_rows import PackedRows, PrefixGroup, pack_rows
-from rllm_backends.local_torch.serving.sampling import GREEDY_BELOW
+from rllm_serve.sampling import GREEDY_BELOW
 
 __all__ = ["LOGPROB_CHUNK", "PACKED_ATTENTION", "PackedRows", "chunked_token_logprobs", "collate",
            "enable_packed_attention", "pack_rows", "packed_logprobs", "sequence_logprobs"]

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rllm_core.hookspecs import hookimpl
-from rllm_core.plugins import BackendSpec
+from rllm_train.backend import BackendSpec
 
 __all__ = ["rllm_register_backends"]
 
@@ -16,7 +17,19 @@ def _factory(config: Any) -> Any:
     return LocalTorchBackend(config)
 
 
+def _owns(ckpt: Path) -> bool:
+    from rllm_backends.local_torch.export.hf import owns_local_checkpoint
+
+    return owns_local_checkpoint(ckpt)
+
+
+def _export(ckpt: Path, request: Any) -> Any:
+    from rllm_backends.local_torch.export.hf import export_local
+
+    return export_local(ckpt, request)
+
+
 @hookimpl
 def rllm_register_backends() -> list[BackendSpec]:
-    return [BackendSpec(name="local", factory=_factory, requires="rllm[train]",
+    return [BackendSpec(name="local", factory=_factory, requires="rllm[train]", owns_checkpoint=_owns, export=_export,
                         description="in-process torch trainer + local policy server (CPU or one GPU)")]

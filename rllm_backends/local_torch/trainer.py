@@ -33,7 +33,6 @@ from typing import Any
 
 import torch
 
-from rllm_backends.local_torch.heap import release_free_memory
 from rllm_backends.local_torch.logprobs import (
     LOGPROB_CHUNK,
     collate,
@@ -43,11 +42,12 @@ from rllm_backends.local_torch.logprobs import (
     sequence_logprobs,
 )
 from rllm_backends.local_torch.packed_rows import first_trained
-from rllm_core.algorithms import policy_loss_with_metrics
 from rllm_core.errors import ConfigError, TrainingError
-from rllm_core.training.config import TrainConfig
-from rllm_core.training.packing import TrainRow
-from rllm_core.training.roles import adapter_for_role, adapter_names
+from rllm_serve.heap import release_free_memory
+from rllm_train.algorithms import policy_loss_with_metrics
+from rllm_train.config import TrainConfig
+from rllm_train.packing import TrainRow
+from rllm_train.roles import adapter_for_role, adapter_names
 
 __all__ = ["MICRO_BATCH_TOKENS", "ROLE_LORA_RANK", "TorchTrainer", "check_device", "estimate_packed_bytes",
            "estimate_step_bytes", "micro_batch_tokens", "token_budget_batches"]
@@ -463,20 +463,3 @@ def _split_by(rows: list[TrainRow], key: Any) -> list[list[TrainRow]]:
         else:
             parts.append([row])
     return parts
-
-
-def _check_fits(own: dict[str, torch.Tensor], saved: dict[str, torch.Tensor], path: Path) -> None:
-    """Refuse, in one line, a checkpoint of another model or LoRA setting (a `--resume` with a changed
-    `--model` / `--lora-rank` / `--roles`): torch's own error lists every one of hundreds of mismatched weights."""
-    missing = [k for k in own if k not in saved]
-    unexpected = [k for k in saved if k not in own]
-    reshaped = [k for k in own if k in saved and tuple(own[k].shape) != tuple(saved[k].shape)]
-    if not (missing or unexpected or reshaped):
-        return
-    example = (f"{reshaped[0]} is {tuple(saved[reshaped[0]].shape)} there, {tuple(own[reshaped[0]].shape)} here"
-               if reshaped else (missing or unexpected)[0])
-    raise ConfigError(
-        f"checkpoint {path} does not fit this model ({len(missing)} weights missing, {len(unexpected)} "
-        f"unexpected, {len(reshaped)} of another shape, e.g. {example}): it was saved with another --model, "
-        "--lora-rank or --roles; resume with the settings in the run's config.yaml"
-    )

@@ -31,11 +31,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rllm_core.algorithms.names import AGG_MODES, LOSSES
-from rllm_core.backend import BackendBase, BackendCapabilities, PolicyEndpoint, TrainStepResult
+from rllm_backends.tinker.update import SNAPSHOT_TTL_S, StepFailed, StepUpdate
 from rllm_core.errors import ConfigError, TrainingError
-from rllm_core.training.config import TrainConfig
-from rllm_core.training.packing import TrainRow
+from rllm_train.algorithms.names import AGG_MODES, LOSSES
+from rllm_train.backend import BackendBase, BackendCapabilities, PolicyEndpoint, TrainStepResult
+from rllm_train.config import TrainConfig
+from rllm_train.packing import TrainRow
 
 __all__ = ["DEFAULT_LORA_RANK", "STATE_FILE", "TinkerBackend", "check_base_model", "read_checkpoint"]
 
@@ -44,8 +45,6 @@ log = logging.getLogger("rllm.tinker")
 STATE_FILE = "tinker_backend.json"
 DEFAULT_LORA_RANK = 32
 """Tinker trains LoRA adapters only; --lora-rank 0 (rllm's 'full fine-tuning' default) means this rank."""
-SNAPSHOT_TTL_S = 24 * 3600
-"""Per-step snapshots (for retries) expire after a day; checkpoints are saved without an expiry."""
 ADAM_BETAS, ADAM_EPS = (0.9, 0.999), 1e-8
 """torch.optim.AdamW's defaults, which the local trainer uses (Tinker's own defaults differ: beta2 0.95, eps 1e-12)."""
 
@@ -185,12 +184,24 @@ class TinkerBackend(BackendBase):
     # ------------------------------------------------------------------ update
     def train_step(self, rows: Sequence[TrainRow]) -> TrainStepResult:
         """Submit the step's requests now (the service pipelines them); an awaitable of its metrics."""
-        from rllm_backends.tinker.update import StepUpdate
-
         self._ensure_client()
         update = StepUpdate(self, list(rows))
         update.submit_now()  # forward_backward + optim_step + snapshot queued before train_step returns
-        return update.run()
+        return self._apply(update)
+
+    async def _apply(self, update: StepUpdate) -> dict[str, float]:
+        """The update's outcome, applied here: the new snapshot and step count, or the failure's state (the live
+        weights unknown when its rollback failed, so `save` restores the last snapshot first)."""
+        self.dirty = True  # until the step settles: a crash now must not checkpoint half-updated weights
+        try:
+            outcome = await update.run()
+        except StepFailed as exc:
+            self._failed = True
+            self.dirty = not exc.weights_known
+            raise
+        self.snapshot_path, self.dirty = outcome.snapshot_path, False
+        self.steps_done += 1
+        return outcome.metrics
 
     def adam_params(self) -> Any:
         """AdamW with rllm's settings; the learning rate of this step from --warmup-steps / --lr-schedule."""

@@ -73,7 +73,7 @@ interleave on a shared module, and serialising keeps seeded runs reproducible.""
 
 @functools.lru_cache(maxsize=4)
 def _load(local_name: str) -> Any:
-    from rllm_backends.local_torch.serving.models import load_model
+    from rllm_serve.models import load_model
 
     return load_model(local_name)
 

@@ -22,7 +22,7 @@ def sampling_client_for(service: Any, model: str) -> tuple[Any, str, int | None]
     """(sampling client, base model name, context length) for a base model name or a tinker run directory."""
     from rllm_backends.tinker.backend import check_base_model, read_checkpoint
     from rllm_backends.tinker.retry import call_with_retries
-    from rllm_core.training.checkpoints import latest_checkpoint
+    from rllm_core.runs.checkpoints import latest_checkpoint
 
     path = Path(model)
     if path.is_dir():
@@ -46,7 +46,7 @@ def sampling_client_for(service: Any, model: str) -> tuple[Any, str, int | None]
 def tinker_eval_endpoint(model: str) -> Iterator[Any]:
     from rllm_backends.tinker.sdk import require_api_key, service_client
     from rllm_backends.tinker.server import start_tinker_sampling_server
-    from rllm_core.eval.endpoint import Endpoint
+    from rllm_envs.eval.endpoint import Endpoint
 
     require_api_key()
     service = service_client()

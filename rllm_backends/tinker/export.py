@@ -24,8 +24,10 @@ from pathlib import Path
 from typing import Any
 
 from rllm_core.errors import ConfigError
+from rllm_train.backend import ExportRequest, ExportResult
+from rllm_train.export import prepare_output
 
-__all__ = ["EXPORT_NOTE", "download_tinker_checkpoint", "is_tinker_checkpoint"]
+__all__ = ["EXPORT_NOTE", "download_tinker_checkpoint", "export_tinker", "is_tinker_checkpoint"]
 
 EXPORT_NOTE = "rllm_export.json"
 EXTERNAL_TTL_S = 3600
@@ -109,3 +111,12 @@ def _fetch(url: str, dest: Path) -> Path:
         raise ConfigError(f"downloading {dest.name} from the Tinker service failed ({exc}); run rllm export "
                           "again") from None
     return dest
+
+
+def export_tinker(ckpt: Path, request: ExportRequest) -> ExportResult:
+    """`rllm export` of a Tinker checkpoint: the weights live on the service, and its SDK downloads the adapter."""
+    if not request.as_is:
+        raise ConfigError(f"{ckpt} is a Tinker checkpoint: its LoRA adapter downloads as is (--format hf); "
+                          "merge it into the base with peft afterwards")
+    out = prepare_output(request)
+    return ExportResult(ckpt, out, download_tinker_checkpoint(ckpt, out), "Tinker LoRA adapter, downloaded")

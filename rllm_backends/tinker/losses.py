@@ -40,11 +40,11 @@ from typing import TYPE_CHECKING, Any, Literal
 import torch
 
 from rllm_backends.tinker.datum import behaviour_logprobs
-from rllm_core.algorithms import policy_loss_with_metrics
-from rllm_core.algorithms.names import AGG_MODES
 from rllm_core.errors import ConfigError, TrainingError
-from rllm_core.training.config import TrainConfig
-from rllm_core.training.packing import TrainRow
+from rllm_train.algorithms import policy_loss_with_metrics
+from rllm_train.algorithms.names import AGG_MODES
+from rllm_train.config import TrainConfig
+from rllm_train.packing import TrainRow
 
 if TYPE_CHECKING:
     from tinker import types

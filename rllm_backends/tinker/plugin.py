@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rllm_core.hookspecs import hookimpl
-from rllm_core.plugins import BackendSpec
+from rllm_envs.eval.endpoint import EvalEndpointSpec
+from rllm_train.backend import BackendSpec
 
-__all__ = ["rllm_register_backends"]
+__all__ = ["rllm_register_backends", "rllm_register_eval_endpoints"]
 
 
 def _factory(config: Any) -> Any:
@@ -22,7 +24,26 @@ def _eval_endpoint(model: str) -> Any:
     return tinker_eval_endpoint(model)
 
 
+def _owns(ckpt: Path) -> bool:
+    from rllm_backends.tinker.export import is_tinker_checkpoint
+
+    return is_tinker_checkpoint(ckpt)
+
+
+def _export(ckpt: Path, request: Any) -> Any:
+    from rllm_backends.tinker.export import export_tinker
+
+    return export_tinker(ckpt, request)
+
+
 @hookimpl
 def rllm_register_backends() -> list[BackendSpec]:
-    return [BackendSpec(name="tinker", factory=_factory, requires="rllm[tinker]", eval_endpoint=_eval_endpoint,
+    return [BackendSpec(name="tinker", factory=_factory, requires="rllm[tinker]", owns_checkpoint=_owns,
+                        export=_export,
                         description="LoRA training and sampling on the Tinker service (needs TINKER_API_KEY)")]
+
+
+@hookimpl
+def rllm_register_eval_endpoints() -> list[EvalEndpointSpec]:
+    return [EvalEndpointSpec(name="tinker", serve=_eval_endpoint,
+                             description="a base model or a Tinker run, sampled on the Tinker service")]

@@ -1,6 +1,6 @@
 """A Tinker `SamplingClient` behind the local policy server's HTTP app: the engine side.
 
-`rllm_backends.local_torch.serving.app.make_app(engine, name)` needs from its engine only `.loaded` (tokenizer,
+`rllm_serve.app.make_app(engine, name)` needs from its engine only `.loaded` (tokenizer,
 context_length, eos_token_ids, name), `.policy_version`, `.running`, `.waiting` and `.submit(GenerationRequest)`;
 `RunningPolicyServer` adds `.start()` / `.stop()`. `TinkerSamplingEngine` is that interface over Tinker, so the
 chat, completions and responses endpoints, streaming, tool-call parsing, token-id fields and error shapes are the
@@ -44,11 +44,11 @@ from typing import Any
 
 from tenacity import AsyncRetrying, before_sleep_log, retry_if_exception, stop_after_attempt, wait_exponential
 
-from rllm_backends.local_torch.serving.sampling import SamplingParams
-from rllm_backends.local_torch.serving.sequence import GenerationRequest, Sequence, TokenEvent
 from rllm_backends.tinker.retry import is_transient
 from rllm_backends.tinker.sdk import require_tinker
 from rllm_core.errors import ConfigError
+from rllm_serve.sampling import SamplingParams
+from rllm_serve.sequence import GenerationRequest, Sequence, TokenEvent
 
 __all__ = [
     "DEFAULT_CONTEXT_LENGTH", "TinkerLoaded", "TinkerSamplingEngine", "tinker_sampling_params", "tokenizer_eos_ids",

@@ -11,8 +11,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any, cast
 
-from rllm_backends.local_torch.serving.server import RunningPolicyServer
 from rllm_backends.tinker.sampling import TinkerLoaded, TinkerSamplingEngine
+from rllm_serve.server import RunningPolicyServer
 
 __all__ = ["TinkerSamplingServer", "start_tinker_sampling_server"]
 

@@ -11,6 +11,11 @@ forward_backward), and a failed custom loss poisons the client. Instead the clie
 step's snapshot and the whole step retried there, with backoff (tenacity), while the failure is transient. When
 the tries are spent the client is rebuilt once more, so the weights are those of the last finished step, as the
 seam promises for a TrainingError, and the loop checkpoints that step.
+
+The update reads what it needs through `UpdateSession` (the backend's public clients, plan and settings) and
+changes none of the backend's state: it returns a `StepOutcome` (metrics and the new snapshot) or raises
+`StepFailed` (saying whether the live weights are still those of the last finished step), and the backend
+applies either (`TinkerBackend._apply`).
 """
 
 from __future__ import annotations
@@ -18,18 +23,52 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import Any, Protocol
 
 from tenacity import AsyncRetrying, retry_if_exception, stop_after_attempt, wait_exponential
 
 from rllm_backends.tinker import retry
 from rllm_core.errors import TrainingError
-from rllm_core.training.packing import TrainRow
+from rllm_train.packing import TrainRow
 
-if TYPE_CHECKING:
-    from rllm_backends.tinker.backend import TinkerBackend
+__all__ = ["SNAPSHOT_TTL_S", "StepFailed", "StepOutcome", "StepUpdate", "UpdateSession", "reference_logprobs"]
 
-__all__ = ["StepUpdate", "reference_logprobs"]
+SNAPSHOT_TTL_S = 24 * 3600
+"""Per-step snapshots (for retries) expire after a day; checkpoints are saved without an expiry."""
+
+
+class UpdateSession(Protocol):
+    """What an update reads from the backend (TinkerBackend is one): its live clients, loss plan and settings.
+    `restore(path)` replaces `training` with a client loaded from a snapshot."""
+
+    training: Any
+    reference: Any
+    plan: Any
+    config: Any
+    steps_done: int
+    snapshot_path: str | None
+
+    def adam_params(self) -> Any: ...
+
+    def restore(self, path: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """A finished step: its metrics, and the snapshot of the state it left (the next step's restart point)."""
+
+    metrics: dict[str, float]
+    snapshot_path: str
+
+
+class StepFailed(TrainingError):
+    """The step could not be done. `weights_known`: the live client was rebuilt from the previous snapshot, so the
+    weights are the last finished step's; False when even that failed (the backend restores before it saves)."""
+
+    def __init__(self, message: str, *, weights_known: bool) -> None:
+        super().__init__(message)
+        self.weights_known = weights_known
 
 
 async def _value(value: Any) -> Any:
@@ -55,10 +94,10 @@ async def reference_logprobs(reference: Any, rows: list[TrainRow]) -> list[list[
 class StepUpdate:
     """The requests of one train step, their retries, and its metrics (see the module docstring)."""
 
-    def __init__(self, backend: TinkerBackend, rows: list[TrainRow]) -> None:
+    def __init__(self, session: UpdateSession, rows: list[TrainRow]) -> None:
         from rllm_backends.tinker.datum import rows_to_datums
 
-        self.backend, self.rows, self.plan = backend, rows, backend.plan
+        self.session, self.rows, self.plan = session, rows, session.plan
         scales = self.plan.scales(rows) if self.plan.kind == "builtin" else None
         self.datums = rows_to_datums(rows, scales)
         self.loss_fn: Any = None
@@ -78,21 +117,19 @@ class StepUpdate:
         from rllm_backends.tinker.losses import make_custom_loss
 
         if self.plan.kind == "custom":
-            self.loss_fn = make_custom_loss(self.rows, self.backend.config, ref_logprobs=ref)
+            self.loss_fn = make_custom_loss(self.rows, self.session.config, ref_logprobs=ref)
 
     def _submit(self) -> tuple[Any, Any, Any]:
-        from rllm_backends.tinker.backend import SNAPSHOT_TTL_S
-
         self.tries += 1
-        training = self.backend.training
+        training = self.session.training
         if self.plan.kind == "custom":
             fb = training.forward_backward_custom(self.datums, self.loss_fn)
         else:
             fb = training.forward_backward(self.datums, self.plan.loss_fn, self.plan.loss_fn_config)
-        params = self.backend.adam_params()
+        params = self.session.adam_params()
         self.lr = float(params.learning_rate)
         opt = training.optim_step(params)
-        name = f"rllm-step{self.backend.steps_done + 1}-{uuid.uuid4().hex[:8]}"
+        name = f"rllm-step{self.session.steps_done + 1}-{uuid.uuid4().hex[:8]}"
         snap = training.save_state(name, ttl_seconds=SNAPSHOT_TTL_S)
         return fb, opt, snap
 
@@ -108,42 +145,35 @@ class StepUpdate:
 
     async def _rollback(self) -> None:
         """A fresh client from the previous step's snapshot: the weights and optimizer as that step left them."""
-        snapshot = self.backend.snapshot_path
+        snapshot = self.session.snapshot_path
         if snapshot is None:
             raise TrainingError("no snapshot of the previous step to restart from")
-        await asyncio.to_thread(self.backend.restore, snapshot)
-        self.backend.dirty = False
+        await asyncio.to_thread(self.session.restore, snapshot)
 
-    async def run(self) -> dict[str, float]:
-        """Await the step (retrying it from the previous snapshot on transient failures); its metrics."""
+    async def run(self) -> StepOutcome:
+        """Await the step (retrying it from the previous snapshot on transient failures); its outcome."""
         from rllm_backends.tinker.losses import builtin_metrics
 
-        backend = self.backend
         if self.futures is None:  # KL: the reference logprobs come first
-            self._build_loss(await reference_logprobs(backend.reference, self.rows))
+            self._build_loss(await reference_logprobs(self.session.reference, self.rows))
             self.futures = self._submit()
         try:
             output, optim, snap = await self._await(self.futures)
         except Exception as exc:
             output, optim, snap = await self._retry(exc)
-        backend.snapshot_path = snap.path
-        backend.steps_done += 1
         metrics = builtin_metrics(self.rows, output, self.plan)
         optim_metrics = getattr(optim, "metrics", None) or {}
         metrics.update({f"tinker/{k}": float(v) for k, v in optim_metrics.items() if isinstance(v, int | float)})
         metrics["train/lr"] = self.lr
         metrics["tinker/tries"] = float(self.tries)
         metrics["time/tinker_update_s"] = time.monotonic() - self.started
-        return metrics
+        return StepOutcome(metrics, snap.path)
 
     async def _retry(self, first: Exception) -> tuple[Any, Any, Any]:
-        backend = self.backend
-        backend.dirty = True
         op = self.failed_op
         if not retry.is_transient(first):
-            await self._undo()
-            backend._failed = True
-            raise TrainingError(f"the Tinker service refused {op}: {type(first).__name__}: {first}") from first
+            raise StepFailed(f"the Tinker service refused {op}: {type(first).__name__}: {first}",
+                             weights_known=await self._undo()) from first
         try:
             async for attempt in AsyncRetrying(stop=stop_after_attempt(max(retry.RETRY_ATTEMPTS - 1, 1)),
                                                wait=wait_exponential(multiplier=retry.RETRY_WAIT_S, max=60),
@@ -152,15 +182,14 @@ class StepUpdate:
                     await self._rollback()
                     return await self._await(self._submit())
         except Exception as exc:
-            await self._undo()
-            backend._failed = True
-            raise TrainingError(f"the Tinker service failed {self.failed_op or op} after {self.tries} tries of the "
-                                f"step: {type(exc).__name__}: {exc}") from exc
+            raise StepFailed(f"the Tinker service failed {self.failed_op or op} after {self.tries} tries of the "
+                             f"step: {type(exc).__name__}: {exc}", weights_known=await self._undo()) from exc
         raise AssertionError("unreachable")  # pragma: no cover - tenacity returns or raises
 
-    async def _undo(self) -> None:
-        """Leave the live weights as the last finished step left them, if the service lets us."""
+    async def _undo(self) -> bool:
+        """Leave the live weights as the last finished step left them, if the service lets us; whether it did."""
         try:
             await self._rollback()
-        except Exception:  # the service is down: `save` restores before it checkpoints (backend.dirty stays set)
-            return
+        except Exception:  # the service is down: the backend restores before it checkpoints
+            return False
+        return True

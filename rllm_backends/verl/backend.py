@@ -23,11 +23,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from rllm_core.algorithms.names import AGG_MODES
-from rllm_core.backend import BackendBase, BackendCapabilities, PolicyEndpoint, TrainStepResult
 from rllm_core.errors import ConfigError, TrainingError
-from rllm_core.training.config import TrainConfig
-from rllm_core.training.packing import TrainRow
+from rllm_train.algorithms.names import AGG_MODES
+from rllm_train.backend import BackendBase, BackendCapabilities, PolicyEndpoint, TrainStepResult
+from rllm_train.config import TrainConfig
+from rllm_train.packing import TrainRow
 
 __all__ = ["VerlBackend", "require_verl"]
 
@@ -95,7 +95,7 @@ class VerlBackend(BackendBase):
 
     # ------------------------------------------------------------------ setup
     def setup(self, config: TrainConfig) -> None:
-        from rllm_backends.local_torch.serving.models import load_tokenizer, model_dir
+        from rllm_serve.models import load_tokenizer, model_dir
 
         self.config = config
         path = model_dir(config.model)
@@ -112,17 +112,17 @@ class VerlBackend(BackendBase):
     def _connect_ray(self) -> None:
         """Join the run's Ray (connected for --rollout-workers), or connect --ray-address (an existing cluster,
         multi-node), or start a local one for the run; what this backend connects, it disconnects."""
-        from rllm_core.distributed import connect_ray
-        from rllm_core.distributed.ray_cluster import import_ray
+        from rllm_rollout.distributed import connect_ray
+        from rllm_rollout.distributed.ray_cluster import import_ray
 
         if not import_ray().is_initialized():
             self._ray = connect_ray(self.config.ray_address)
             self._ray.__enter__()
 
     def _setup_cpu(self, path: str) -> None:
-        from rllm_backends.local_torch.serving import load_model, start_policy_server
         from rllm_backends.verl.config import flatten
         from rllm_backends.verl.worker import remote_actor_worker
+        from rllm_serve import load_model, start_policy_server
 
         passed = flatten(self.config.backend_options)
         overrides = {**self.overrides, **passed}  # actor/model keys apply here

@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from rllm_core.errors import TrainingError
-from rllm_core.training.packing import TrainRow
+from rllm_train.packing import TrainRow
 
 if TYPE_CHECKING:
     import torch

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from rllm_backends.verl.loss_options import as_hydra_overrides, verl_actor_overrides
 from rllm_core.errors import ConfigError
-from rllm_core.training.config import TrainConfig
+from rllm_train.config import TrainConfig
 
 if TYPE_CHECKING:
     from omegaconf import DictConfig

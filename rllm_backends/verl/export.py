@@ -11,8 +11,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from rllm_core.errors import ConfigError
+from rllm_train.backend import ExportRequest, ExportResult
+from rllm_train.export import prepare_output
 
-__all__ = ["is_verl_checkpoint", "merge_verl_checkpoint"]
+__all__ = ["export_verl", "is_verl_checkpoint", "merge_verl_checkpoint"]
 
 ACTOR_DIR = "verl_actor"
 
@@ -42,3 +44,11 @@ def merge_verl_checkpoint(ckpt: Path, out: Path) -> list[Path]:
     finally:
         merger.cleanup()
     return sorted(p for p in Path(out).iterdir() if p.is_file())
+
+
+def export_verl(ckpt: Path, request: ExportRequest) -> ExportResult:
+    """`rllm export` of a verl checkpoint: verl's FSDP shards, merged by verl's own merger into a model folder."""
+    if not request.as_is:
+        raise ConfigError(f"{ckpt} is a verl checkpoint: export it as is (--format hf), then convert that folder")
+    out = prepare_output(request)
+    return ExportResult(ckpt, out, merge_verl_checkpoint(ckpt, out), "verl FSDP checkpoint, merged")

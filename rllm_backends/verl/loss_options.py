@@ -37,7 +37,7 @@ truncated / renormalised weights), ``lr_schedule linear`` (verl has constant and
 ``seq-mean-token-sum-norm`` is mapped, not refused: verl 0.9.1's ``agg_loss`` divides by the global batch
 size *and* by ``loss_scale_factor`` (``core_algos.py:1181-1193``), i.e. Σ L·M / (B · T_norm) — the same as
 ours once T_norm is the same constant, so we pin it to max_tokens (our local trainer's `norm_tokens`). Older
-verl divided by T_norm only (a loss B times ours); that is what the note in rllm_core.algorithms.losses
+verl divided by T_norm only (a loss B times ours); that is what the note in rllm_train.algorithms.losses
 describes. ``recompute_old_logprobs`` is no actor option: it decides what `rows_to_dataproto` puts in
 ``old_log_probs``. Do not emulate it with verl's ``algorithm.rollout_correction.bypass_mode``: that replaces
 policy_loss.loss_mode by "bypass_mode" (``rollout_corr_helper.py:1144``), which runs vanilla PPO even for gspo.
@@ -55,7 +55,7 @@ from packaging.specifiers import SpecifierSet
 from packaging.version import InvalidVersion, Version
 
 from rllm_core.errors import ConfigError
-from rllm_core.training.config import TrainConfig
+from rllm_train.config import TrainConfig
 
 __all__ = ["ADDED_KEYS", "SUPPORTED", "as_hydra_overrides", "check_verl_version", "verl_actor_overrides"]
 

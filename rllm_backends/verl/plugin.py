@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 from rllm_core.hookspecs import hookimpl
-from rllm_core.plugins import BackendSpec
+from rllm_train.backend import BackendSpec
 
 __all__ = ["rllm_register_backends"]
 
@@ -16,7 +17,19 @@ def _factory(config: Any) -> Any:
     return VerlBackend(config)
 
 
+def _owns(ckpt: Path) -> bool:
+    from rllm_backends.verl.export import is_verl_checkpoint
+
+    return is_verl_checkpoint(ckpt)
+
+
+def _export(ckpt: Path, request: Any) -> Any:
+    from rllm_backends.verl.export import export_verl
+
+    return export_verl(ckpt, request)
+
+
 @hookimpl
 def rllm_register_backends() -> list[BackendSpec]:
-    return [BackendSpec(name="verl", factory=_factory, requires="rllm[verl]",
+    return [BackendSpec(name="verl", factory=_factory, requires="rllm[verl]", owns_checkpoint=_owns, export=_export,
                         description="verl 0.9 workers on Ray: FSDP actor + vLLM/SGLang replicas (GPU), or CPU")]

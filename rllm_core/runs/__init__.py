@@ -13,7 +13,7 @@ so a monitor starts in a fraction of a second and never loads the training stack
       episodes/<name>.jsonl    train: step_N, eval_step_N, eval_greedy_step_N; one Episode per line
       episodes/<name>.jsonl.idx  the index sidecar: one small line per episode (byte offset and length in the
                                episodes file, task_id, reward, reason, ... and a ≤200-char preview)
-      checkpoints/step_N/      train only (see rllm_core/training/checkpoints.py)
+      checkpoints/step_N/      train only (see rllm_train/checkpoints.py)
       episodes.jsonl           eval only: the episodes, appended as they finish (its sidecar episodes.jsonl.idx
                                beside it); the reader calls this file "eval"
       summary.json             eval only, written at the end

@@ -22,11 +22,11 @@ from typing import Any
 import openai
 
 from rllm_core.context import AGENT_HEADER, current_agent
-from rllm_core.rollout import RolloutConfig, rollout
 from rllm_core.types import Task
-from rllm_core.workflows.chat import _split_params, make_client
 from rllm_envs.finqa.data import FinTable, materialise
 from rllm_envs.finqa.tools import TOOL_SPECS, FinQATools
+from rllm_rollout.chat import _split_params, make_client
+from rllm_rollout.rollout import RolloutConfig, rollout
 
 __all__ = ["DEFAULT_MAX_TURNS", "SYSTEM_PROMPT", "finqa_agent", "parse_text_tool_calls"]
 

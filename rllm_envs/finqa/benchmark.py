@@ -14,13 +14,13 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from rllm_core.benchmarks.base import Benchmark
-from rllm_core.benchmarks.data import count_rows, resolve_data_dir, split_file
 from rllm_core.errors import BenchmarkError
-from rllm_core.rewards.types import RewardResult
-from rllm_core.rollout import Rollout
+from rllm_core.rewards import RewardResult
 from rllm_core.types import Task
 from rllm_envs.finqa.data import FOLDER, HUB_FILE, HUB_ID, SPLITS, read_split
+from rllm_rollout.benchmarks.base import Benchmark
+from rllm_rollout.benchmarks.data import count_rows, resolve_data_dir, split_file
+from rllm_rollout.rollout import Rollout
 
 __all__ = ["REL_TOL", "FinQA", "Number", "extract_final_answer", "grade_answer", "parse_numbers"]
 

@@ -23,8 +23,8 @@ from typing import Any
 
 from pydantic import BaseModel, Field, ValidationError, field_validator
 
-from rllm_core.benchmarks.data import hub_unreachable, read_rows, resolve_data_dir, split_file
 from rllm_core.errors import BenchmarkError
+from rllm_rollout.benchmarks.data import hub_unreachable, read_rows, resolve_data_dir, split_file
 
 __all__ = ["HUB_FILE", "HUB_ID", "SPLITS", "FinQARow", "FinTable", "materialise", "parse_cell", "read_split",
            "sql_names"]

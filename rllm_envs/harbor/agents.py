@@ -18,10 +18,10 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from rllm_core.rollout import RolloutConfig, rollout
 from rllm_core.sandbox import SandboxError, aexec, current_sandbox
 from rllm_core.types import Task
 from rllm_envs.harbor.task import HarborTask, HarborTaskError, load_task, resolve_env
+from rllm_rollout.rollout import RolloutConfig, rollout
 
 __all__ = ["AGENTS", "harbor_task_of", "nop", "oracle"]
 

@@ -15,19 +15,21 @@ from __future__ import annotations
 import functools
 import os
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
-from rllm_core.benchmarks.base import Benchmark, context_exceeded_result
-from rllm_core.rewards.types import RewardResult
-from rllm_core.rollout import Rollout, RolloutConfig
+from rllm_core.errors import BenchmarkError
+from rllm_core.rewards import RewardResult
 from rllm_core.sandbox import SandboxProvider, get_sandbox_provider
 from rllm_core.types import Episode, Task, Trajectory
 from rllm_envs.harbor.agents import AGENTS, harbor_task_of
 from rllm_envs.harbor.episode import HarborVerdict, run_harbor_episode
 from rllm_envs.harbor.task import HarborTask, HarborTaskWarning, load_tasks
+from rllm_rollout.benchmarks.base import Benchmark, context_exceeded_result
+from rllm_rollout.rollout import Rollout, RolloutConfig
 
 __all__ = ["DEFAULT_SANDBOX", "HarborBenchmark"]
 
@@ -62,8 +64,10 @@ class HarborBenchmark(Benchmark):
     splits: tuple[str, ...] = ("test",)
     default_sandbox: str = DEFAULT_SANDBOX
 
-    def __init__(self, path: str | os.PathLike[str], name: str | None = None, description: str | None = None) -> None:
+    def __init__(self, path: str | os.PathLike[str], name: str | None = None, description: str | None = None,
+                 agent: Rollout | Callable[[], Rollout] | None = None) -> None:
         self.path = Path(path).expanduser()
+        self._agent = agent
         self.name = name or f"harbor:{path}"
         self.description = description or f"Harbor tasks in {self.path}, verified in a sandbox"
         self.source = f"Harbor task directories ({self.path})"
@@ -97,11 +101,14 @@ class HarborBenchmark(Benchmark):
 
     # ---------------------------------------------------------------------------------------------- agents
     def default_rollout(self) -> Rollout:
-        """The agent `rllm eval harbor:PATH` runs without --agent: the built-in terminal agent (imported here, so
-        loading a task set does not import the OpenAI client)."""
-        from rllm_envs.terminal.agent import terminal_agent
-
-        return terminal_agent
+        """The agent run without --agent: the one this benchmark was built with (`harbor:PATH` names get the
+        built-in terminal agent, rllm_envs.terminal); a Rollout, or a function giving one on first use (so loading
+        a task set does not import the agent's client)."""
+        if self._agent is None:
+            raise BenchmarkError(f"{self.name} has no default agent: pass --agent (a rollout), or `oracle` / `nop`")
+        if not isinstance(self._agent, Rollout):
+            self._agent = self._agent()
+        return self._agent
 
     def named_agent(self, name: str) -> Rollout | None:
         """`oracle` (the task's solution/solve.sh) and `nop` (does nothing); None for any other name."""

@@ -33,11 +33,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
-from rllm_core.rewards.types import RewardResult
-from rllm_core.rollout import Rollout, RolloutConfig, _invoke
+from rllm_core.rewards import RewardResult
 from rllm_core.sandbox import ExecResult, Sandbox, SandboxError, SandboxProvider, aexec, sandbox_scope
 from rllm_core.types import Task
 from rllm_envs.harbor.task import HarborTask, HarborTaskError, resolve_env, to_environment_spec
+from rllm_rollout.rollout import Rollout, RolloutConfig, _invoke
 
 __all__ = ["HarborEpisode", "HarborVerdict", "VerdictReason", "run_harbor_episode"]
 

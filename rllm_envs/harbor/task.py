@@ -31,7 +31,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from rllm_core.errors import BenchmarkError
+from rllm_core.errors import BenchmarkError, RLLMWarning
 from rllm_core.sandbox import DEFAULT_WORKDIR, EnvironmentSpec, SandboxResources
 
 __all__ = ["DEFAULT_AGENT_TIMEOUT_S", "HarborAgentConfig", "HarborEnvironmentConfig", "HarborTask",
@@ -46,7 +46,7 @@ class HarborTaskError(BenchmarkError):
     """A task directory that is not a valid Harbor task; the message names the file and what is wrong."""
 
 
-class HarborTaskWarning(UserWarning):
+class HarborTaskWarning(RLLMWarning):
     """Something in a task that is ignored (an unknown key, a feature no provider here implements)."""
 
 

@@ -35,12 +35,9 @@ import openai
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from rllm_core.context import AGENT_HEADER, current_agent
-from rllm_core.engine import context_exceeded_message
 from rllm_core.errors import ConfigError
-from rllm_core.rollout import Rollout, RolloutConfig, rollout
 from rllm_core.sandbox import Sandbox, aexec, current_sandbox
 from rllm_core.types import Task
-from rllm_core.workflows.chat import _split_params, make_client, task_text
 from rllm_envs.terminal.actions import (
     BASH_TOOL,
     DONE_WORD,
@@ -48,6 +45,9 @@ from rllm_envs.terminal.actions import (
     parse_bash_arguments,
     parse_text_action,
 )
+from rllm_rollout.chat import _split_params, make_client, task_text
+from rllm_rollout.engine import context_exceeded_message
+from rllm_rollout.rollout import Rollout, RolloutConfig, rollout
 
 __all__ = ["AGENT_TIMEOUT_KEYS", "StopReason", "TerminalAgentOptions", "make_terminal_agent", "system_prompt",
            "terminal_agent"]

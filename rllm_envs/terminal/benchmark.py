@@ -35,9 +35,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from rllm_core.rollout import Rollout
 from rllm_envs.harbor.benchmark import HarborBenchmark
 from rllm_envs.harbor.task import HarborTask, load_tasks
+from rllm_rollout.rollout import Rollout
 
 __all__ = ["MAX_TURNS", "TASKS_DIR", "TIERS", "TURN_TOKENS", "TerminalBenchmark", "is_heldout", "tier_of"]
 

@@ -1,61 +1,40 @@
 """A run's checkpoint as a model directory to hand on: Hugging Face layout, optionally merged, cast or GGUF.
 
-`export_checkpoint` backs `rllm export`: the checkpoint is resolved like `--model` does (run_model.py), loaded
-with its own tokenizer and chat template, and written with transformers' `save_pretrained` (safetensors,
+The local backend's exporter for `rllm export` (rllm_train.export hands it the checkpoints this backend owns):
+loaded with its own tokenizer and chat template, and written with transformers' `save_pretrained` (safetensors,
 config, generation config) — or, for LoRA runs without `--merge-lora`, as the peft adapter folder(s) they are.
 """
 
 from __future__ import annotations
 
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from rllm_backends.local_torch.run_model import checkpoint_info, load_checkpoint_model, resolve_checkpoint
 from rllm_core.errors import ConfigError
+from rllm_serve.models import load_checkpoint_model
+from rllm_serve.run_model import checkpoint_info
+from rllm_train.backend import ExportRequest, ExportResult
+from rllm_train.export import prepare_output
 
-__all__ = ["ExportResult", "export_checkpoint"]
+__all__ = ["export_local", "owns_local_checkpoint"]
 
 DTYPES = ("float32", "float16", "bfloat16")
 _GGUF_PRE = {"smollm2-135m": "smollm", "tiny-random": "smollm"}
 """llama.cpp's pre-tokenizer name per built-in base (both use SmolLM2's tokenizer); others: "default"."""
 
 
-@dataclass
-class ExportResult:
-    checkpoint: Path
-    out: Path
-    files: list[Path]
-    what: str
+def owns_local_checkpoint(ckpt: Path) -> bool:
+    """A checkpoint of the local backend: a model directory (full, LoRA, per-role adapters) or a `trainer.pt`."""
+    return any((ckpt / name).exists() for name in ("local_backend.json", "trainer.pt", "config.json",
+                                                   "adapter_config.json", "adapters"))
 
 
-def export_checkpoint(spec: str, out: Path, *, step: int | None = None, merge_lora: bool = False,
-                      role: str | None = None, dtype: str | None = None, fmt: str = "hf",
-                      force: bool = False) -> ExportResult:
-    """Write the checkpoint `spec` names (a run: its newest unless `step`; `RUN:step_N`; a checkpoint dir)."""
-    ckpt = resolve_checkpoint(spec, step)
-    if ckpt is None:
-        raise ConfigError(f"{spec} is not a run or checkpoint of rllm train (expected a folder with checkpoints/, "
-                          "or checkpoints/step_N)")
-    if fmt not in ("hf", "gguf"):
-        raise ConfigError(f"--format {fmt!r}: use hf or gguf")
-    from rllm_backends.verl.export import is_verl_checkpoint, merge_verl_checkpoint
-
-    if is_verl_checkpoint(ckpt):  # verl's FSDP shards: verl's own merger writes the model directory
-        if fmt != "hf" or merge_lora or role or dtype:
-            raise ConfigError(f"{ckpt} is a verl checkpoint: export it as is (--format hf), then convert that folder")
-        _prepare(out, force)
-        return ExportResult(ckpt, out, merge_verl_checkpoint(ckpt, out), "verl FSDP checkpoint, merged")
-    from rllm_backends.tinker.export import download_tinker_checkpoint, is_tinker_checkpoint
-
-    if is_tinker_checkpoint(ckpt):  # the weights live on the Tinker service: the SDK downloads its adapter
-        if fmt != "hf" or merge_lora or role or dtype:
-            raise ConfigError(f"{ckpt} is a Tinker checkpoint: its LoRA adapter downloads as is (--format hf); "
-                              "merge it into the base with peft afterwards")
-        _prepare(out, force)
-        return ExportResult(ckpt, out, download_tinker_checkpoint(ckpt, out), "Tinker LoRA adapter, downloaded")
+def export_local(ckpt: Path, request: ExportRequest) -> ExportResult:
+    """Write the local checkpoint `ckpt` as `request` asks: the HF folder (merged or cast), the peft adapter(s)
+    as they are, or one GGUF file."""
+    fmt, merge_lora, role, dtype = request.fmt, request.merge_lora, request.role, request.dtype
     info = checkpoint_info(ckpt)
     if dtype is not None and dtype not in DTYPES:
         raise ConfigError(f"--dtype {dtype!r}: use one of {', '.join(DTYPES)}")
@@ -65,11 +44,11 @@ def export_checkpoint(spec: str, out: Path, *, step: int | None = None, merge_lo
         raise ConfigError(f"--role {role}: {ckpt} has no per-role adapters (it is a {info.kind} checkpoint)")
     if info.kind == "roles" and role is not None and role not in info.roles:
         raise ConfigError(f"--role {role}: {ckpt} has adapters for {', '.join(info.roles)}")
-    _prepare(out, force)
     merged = info.kind in ("full", "legacy") or merge_lora or fmt == "gguf"
     if info.kind == "roles" and merged and role is None:
         raise ConfigError(f"{ckpt} holds one adapter per role ({', '.join(info.roles)}): pick one with --role NAME "
                           "to merge it into the base")
+    out = prepare_output(request)
     if not merged:  # the peft adapter(s) as they are, with the tokenizer
         return _copy_adapters(ckpt, out, info.kind, role)
     torch_dtype = getattr(torch, dtype or info.dtype or "float32")
@@ -91,14 +70,6 @@ def export_checkpoint(spec: str, out: Path, *, step: int | None = None, merge_lo
     what = "merged LoRA" if info.kind != "full" else "full model"
     return ExportResult(ckpt, out, sorted(p for p in out.iterdir() if p.is_file()),
                         f"{what}, {str(torch_dtype).removeprefix('torch.')}")
-
-
-def _prepare(out: Path, force: bool) -> None:
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        if not force:
-            raise ConfigError(f"{out} exists and is not empty: choose another -o, or pass --force to replace it")
-        shutil.rmtree(out) if out.is_dir() else out.unlink()
-    out.mkdir(parents=True, exist_ok=True)
 
 
 def _copy_adapters(ckpt: Path, out: Path, kind: str, role: str | None) -> ExportResult:

@@ -16,9 +16,9 @@ from urllib.parse import urlsplit
 
 import requests
 
-from rllm_core.capture import CallAssembler, endpoint_of, error_step, is_loopback, prepare_call
 from rllm_core.context import StepRecorder, current_agent, current_episode
 from rllm_core.errors import CaptureError
+from rllm_rollout.capture import CallAssembler, endpoint_of, error_step, is_loopback, prepare_call
 
 __all__ = ["install", "is_installed", "uninstall"]
 
