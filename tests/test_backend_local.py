@@ -144,17 +144,17 @@ def test_the_server_drops_its_weights_during_the_update_and_a_failed_step_gives_
         original = backend.trainer.train_step
 
         def spy(batch: list[TrainRow]) -> dict[str, float]:
-            seen.append(packs_released(engine._packed))
+            seen.append(packs_released(engine.runner.packed))
             return original(batch)
 
         backend.trainer.train_step = spy  # type: ignore[method-assign]
         backend.train_step(rows)
         assert (seen[0] > 0) == packing_available()
-        assert backend.sync_weights() == 1 and packs_released(engine._packed) == 0
+        assert backend.sync_weights() == 1 and packs_released(engine.runner.packed) == 0
         silent = [r.model_copy(update={"loss_mask": [0] * len(r.tokens)}) for r in rows]
         with pytest.raises(TrainingError, match="no trainable tokens"):
             backend.train_step(silent)
-        assert packs_released(engine._packed) == 0 and backend.server.policy_version == 1
+        assert packs_released(engine.runner.packed) == 0 and backend.server.policy_version == 1
         rows2, version = _sample(backend)
         assert version == 1 and _max_logprob_gap(backend, rows2) < 1e-4
     finally:

@@ -13,8 +13,8 @@ import torch
 from hypothesis import HealthCheck, Phase, given, settings
 from hypothesis import strategies as st
 
-from rllm_serve import engine as engine_module
 from rllm_serve import load_model, step
+from rllm_serve import model_runner as model_runner_module
 from rllm_serve.attention_kernel import kernel_available
 from rllm_serve.engine import DecodeEngine
 from rllm_serve.kv_pool import BlockTable, KVPool, PoolExhausted, pool_shape
@@ -105,7 +105,7 @@ def path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str
         pytest.skip("numba is not installed (rllm[serve]): only the torch path can run here")
     if request.param == "torch":
         monkeypatch.setattr(step, "kernel_available", lambda *a: False)
-        monkeypatch.setattr(engine_module, "pack_linear_layers", lambda *a, **k: PackedLayers())
+        monkeypatch.setattr(model_runner_module, "pack_linear_layers", lambda *a, **k: PackedLayers())
     return str(request.param)
 
 

@@ -205,7 +205,7 @@ def test_released_weights_wait_for_a_full_update_and_serve_it_exactly() -> None:
             assert s.engine.release_weights() is False  # nothing packed: nothing to drop
             return
         greedy(s)
-        assert s.engine.release_weights() is True and packs_released(s.engine._packed) > 0
+        assert s.engine.release_weights() is True and packs_released(s.engine.runner.packed) > 0
         box: dict = {}
         waiter = threading.Thread(target=lambda: box.update(reply=greedy(s)))
         waiter.start()
@@ -219,7 +219,7 @@ def test_released_weights_wait_for_a_full_update_and_serve_it_exactly() -> None:
         new = {k: v + 0.3 * torch.randn(v.shape, generator=gen) for k, v in base.items()}
         version = s.update_weights(new)
         waiter.join(60)
-        assert box["reply"]["policy_version"] == version and packs_released(s.engine._packed) == 0
+        assert box["reply"]["policy_version"] == version and packs_released(s.engine.runner.packed) == 0
         served_logprobs_match(box["reply"], new)
         assert s.engine.release_weights() is True
         s.update_weights(new, version=version)  # a failed trainer step restores the same weights and version
