@@ -30,10 +30,12 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import inspect
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, runtime_checkable
+
+from pydantic import BaseModel, ValidationError
 
 from rllm_core.errors import ConfigError, TrainingError
 from rllm_core.plugins import PluginManager, get_plugin_manager
@@ -56,8 +58,11 @@ __all__ = [
     "check_capabilities",
     "create_backend",
     "get_backends",
+    "parse_backend_options",
     "resolve_metrics",
 ]
+
+OptionsT = TypeVar("OptionsT", bound=BaseModel)
 
 TrainStepResult = dict[str, float] | concurrent.futures.Future | Awaitable[dict[str, float]]
 """What `train_step` returns: the metrics, or a future / awaitable that yields them when the update is done."""
@@ -244,6 +249,11 @@ class ExportResult:
 class BackendSpec:
     """A training backend: `factory(config)` returns an object implementing the Backend protocol.
 
+    `options`: the pydantic model of this backend's own settings, read from `backend_options` (YAML/TOML), so
+    each backend gets a typed sub-config instead of fields every backend receives; checked when the backend is
+    created, before anything loads (a misspelt or mistyped option is refused by name). None: not checked here
+    (verl's options are verl's own config keys, which verl's config composition checks).
+
     `owns_checkpoint(path)` and `export(path, request)`: optional, for `rllm export` of the checkpoints this
     backend writes (rllm_train.export hands each checkpoint to the one backend that owns it)."""
 
@@ -253,6 +263,24 @@ class BackendSpec:
     requires: str | None = None
     owns_checkpoint: Callable[[Path], bool] | None = None
     export: Callable[[Path, ExportRequest], ExportResult] | None = None
+    options: type[BaseModel] | None = None
+
+
+def parse_backend_options(model: type[OptionsT], options: Mapping[str, Any], backend: str) -> OptionsT:
+    """`backend_options` as the backend's typed sub-config, or a one-line ConfigError naming the option."""
+    try:
+        return model.model_validate(dict(options))
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        where = ".".join(str(p) for p in err["loc"])
+        known = ", ".join(model.model_fields) or "none"
+        if err["type"] == "extra_forbidden":
+            raise ConfigError(f"backend_options.{where} is not an option of the {backend!r} backend (its options: "
+                              f"{known})") from None
+        message = str(err["msg"]).removeprefix("Value error, ")
+        raise ConfigError(f"backend_options.{where} {message}" if message.startswith("must")
+                          else f"backend_options.{where}: {message} (the {backend!r} backend's options: {known})"
+                          ) from None
 
 
 def get_backends(pm: PluginManager | None = None) -> dict[str, BackendSpec]:
@@ -267,6 +295,8 @@ def create_backend(name: str, config: TrainConfig) -> Backend:
     if name not in specs:
         known = ", ".join(sorted(specs)) or "none"
         raise ConfigError(f"unknown backend {name!r}; installed backends: {known} (see `rllm plugins`)")
+    if specs[name].options is not None:  # a typo in the backend's own options fails before anything loads
+        parse_backend_options(specs[name].options, config.backend_options, name)
     backend = specs[name].factory(config)
     missing = [m for m in _METHODS if not callable(getattr(backend, m, None))]
     if missing or not isinstance(backend, Backend):

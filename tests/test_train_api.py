@@ -20,7 +20,8 @@ def test_public_names() -> None:
     ]
     assert sorted(backend.__all__) == [
         "Backend", "BackendBase", "BackendCapabilities", "BackendSpec", "ExportRequest", "ExportResult",
-        "PolicyEndpoint", "TrainStepResult", "check_capabilities", "create_backend", "get_backends", "resolve_metrics",
+        "PolicyEndpoint", "TrainStepResult", "check_capabilities", "create_backend", "get_backends",
+        "parse_backend_options", "resolve_metrics",
     ]
     for mod in (algorithms, training, backend):
         for name in mod.__all__:

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rllm_backends.local_torch.options import LocalOptions
 from rllm_core.hookspecs import hookimpl
 from rllm_train.backend import BackendSpec
 
@@ -32,4 +33,5 @@ def _export(ckpt: Path, request: Any) -> Any:
 @hookimpl
 def rllm_register_backends() -> list[BackendSpec]:
     return [BackendSpec(name="local", factory=_factory, requires="rllm[train]", owns_checkpoint=_owns, export=_export,
+                        options=LocalOptions,
                         description="in-process torch trainer + local policy server (CPU or one GPU)")]

@@ -41,10 +41,12 @@ from rllm_backends.local_torch.logprobs import (
     packed_logprobs,
     sequence_logprobs,
 )
+from rllm_backends.local_torch.options import DEFAULT_MICRO_BATCH_TOKENS, LocalOptions
 from rllm_backends.local_torch.packed_rows import first_trained
 from rllm_core.errors import ConfigError, TrainingError
 from rllm_serve.heap import release_free_memory
 from rllm_train.algorithms import policy_loss_with_metrics
+from rllm_train.backend import parse_backend_options
 from rllm_train.config import TrainConfig
 from rllm_train.packing import TrainRow
 from rllm_train.roles import adapter_for_role, adapter_names
@@ -59,11 +61,8 @@ _BATCH_NORMALISED = frozenset({"pg_loss", "kl"})
 """Micro-batch metrics divided by the whole batch's denominators (they add up); the rest are micro-batch means."""
 
 MICRO_BATCH_TOKENS = "micro_batch_tokens"
-"""`backend_options` key: tokens per packed micro-batch (default: --micro-batch-size × --max-seq-len, the most a
-padded micro-batch could hold, capped at DEFAULT_MICRO_BATCH_TOKENS)."""
-DEFAULT_MICRO_BATCH_TOKENS = 2048
-"""As fast on CPU as one pack of a whole 8 × 4 × 64-token GRPO batch (~2.8k tokens), at ~3/4 of its activation
-memory (measured on smollm2-135m: 1024 tokens no slower; 512 ~10 % slower)."""
+"""`backend_options` key (LocalOptions): tokens per packed micro-batch (default: --micro-batch-size ×
+--max-seq-len, the most a padded micro-batch could hold, capped at DEFAULT_MICRO_BATCH_TOKENS)."""
 
 _SCHEDULES = {"constant": "constant_with_warmup", "linear": "linear", "cosine": "cosine"}
 
@@ -94,12 +93,9 @@ def estimate_packed_bytes(model: torch.nn.Module, tokens: int, checkpointing: bo
 def micro_batch_tokens(config: TrainConfig) -> int:
     """The packed micro-batch's token budget: `backend_options["micro_batch_tokens"]`, else
     min(--micro-batch-size × --max-seq-len, DEFAULT_MICRO_BATCH_TOKENS)."""
-    value = config.backend_options.get(MICRO_BATCH_TOKENS)
+    value = parse_backend_options(LocalOptions, config.backend_options, "local").micro_batch_tokens
     if value is None:
         return min(config.micro_batch_size * config.max_seq_len, DEFAULT_MICRO_BATCH_TOKENS)
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ConfigError(f"backend_options.{MICRO_BATCH_TOKENS} must be a whole number of tokens ≥ 1, got "
-                          f"{value!r}; e.g. {DEFAULT_MICRO_BATCH_TOKENS}")
     return value
 
 

@@ -31,10 +31,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rllm_backends.tinker.options import TinkerOptions
 from rllm_backends.tinker.update import SNAPSHOT_TTL_S, StepFailed, StepUpdate
 from rllm_core.errors import ConfigError, TrainingError
 from rllm_train.algorithms.names import AGG_MODES, LOSSES
-from rllm_train.backend import BackendBase, BackendCapabilities, PolicyEndpoint, TrainStepResult
+from rllm_train.backend import (
+    BackendBase,
+    BackendCapabilities,
+    PolicyEndpoint,
+    TrainStepResult,
+    parse_backend_options,
+)
 from rllm_train.config import TrainConfig
 from rllm_train.packing import TrainRow
 
@@ -78,7 +85,8 @@ class TinkerBackend(BackendBase):
         require_api_key()  # one line naming the variable, before anything loads
         self.tinker_version = require_tinker()
         self.config = config
-        self.options: dict[str, Any] = dict(config.backend_options.get("tinker", config.backend_options) or {})
+        self.options: dict[str, Any] = parse_backend_options(TinkerOptions, config.backend_options, "tinker"
+                                                             ).model_dump(exclude_none=True)
         self.plan = plan_loss(config, self.options)  # refuses a loss option Tinker cannot express, by name
         if config.temperature != 1.0:
             raise ConfigError(f"--temperature {config.temperature}: the Tinker service scores tokens at temperature "
@@ -151,7 +159,7 @@ class TinkerBackend(BackendBase):
                 lambda: self.service.create_sampling_client(base_model=self.config.model).result(),
                 what="create_sampling_client")
         if self.server is None:
-            concurrency = int(self.options.get("max_concurrency", 64))
+            concurrency = int(self.options["max_concurrency"])
             self.server = start_tinker_sampling_server(client, model_name=self.config.model,
                                                        tokenizer=self.tokenizer, context_length=self.context_length,
                                                        max_concurrency=concurrency,

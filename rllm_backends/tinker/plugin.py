@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rllm_backends.tinker.options import TinkerOptions
 from rllm_core.hookspecs import hookimpl
 from rllm_envs.eval.endpoint import EvalEndpointSpec
 from rllm_train.backend import BackendSpec
@@ -39,7 +40,7 @@ def _export(ckpt: Path, request: Any) -> Any:
 @hookimpl
 def rllm_register_backends() -> list[BackendSpec]:
     return [BackendSpec(name="tinker", factory=_factory, requires="rllm[tinker]", owns_checkpoint=_owns,
-                        export=_export,
+                        export=_export, options=TinkerOptions,
                         description="LoRA training and sampling on the Tinker service (needs TINKER_API_KEY)")]
 
 

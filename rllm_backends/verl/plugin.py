@@ -32,4 +32,5 @@ def _export(ckpt: Path, request: Any) -> Any:
 @hookimpl
 def rllm_register_backends() -> list[BackendSpec]:
     return [BackendSpec(name="verl", factory=_factory, requires="rllm[verl]", owns_checkpoint=_owns, export=_export,
+                        options=None,  # verl config keys: checked by verl's own config composition
                         description="verl 0.9 workers on Ray: FSDP actor + vLLM/SGLang replicas (GPU), or CPU")]
