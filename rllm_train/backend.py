@@ -115,6 +115,8 @@ class BackendCapabilities:
     recompute_old_logprobs: bool = True
     devices: frozenset[str] = frozenset({"cpu", "cuda"})
     """Values of --device it accepts (device type, before any ':N')."""
+    multi_gpu: bool = False
+    """It trains on a cluster of --n-gpus GPUs per node × --nnodes nodes; otherwise both must stay 1."""
     async_train_step: bool = False
     """True when train_step returns before the update is done (a future): the loop overlaps its own I/O."""
     colocated: bool = False
@@ -146,6 +148,10 @@ def check_capabilities(config: TrainConfig, caps: BackendCapabilities, backend: 
         refuse("recompute_old_logprobs", "on", "off")
     if config.device.split(":", 1)[0] not in caps.devices:
         refuse("device", config.device, ", ".join(sorted(caps.devices)))
+    if not caps.multi_gpu:  # never silently train on one device when a cluster was asked for
+        for option in ("n_gpus", "nnodes"):
+            if getattr(config, option) > 1:
+                refuse(option, getattr(config, option), "1: it trains on one device")
     if problems:
         raise ConfigError(f"the {backend!r} backend cannot train with {'; '.join(problems)}: change these options "
                           "or choose another --backend (see `rllm plugins`)")

@@ -53,7 +53,7 @@ class TrainConfig(BaseModel):
     device: str = "cpu"
     """'cpu', 'cuda' or 'cuda:N' (local backend); 'cpu' or 'cuda' (verl)."""
     n_gpus: int = Field(1, ge=1)
-    """GPUs per node for backends that train on a cluster (verl); ignored by the local backend."""
+    """GPUs per node for backends that train on a cluster (verl); refused (> 1) by those that train on one device."""
     nnodes: int = Field(1, ge=1)
     """Nodes of --n-gpus GPUs each (verl)."""
     bf16: bool = False

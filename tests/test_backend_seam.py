@@ -173,3 +173,9 @@ def test_packing_records_temperature_and_splits_where_it_changes() -> None:
     assert [r.temperature for r in rows] == [0.7, 1.0] and metrics["rows_split"] == 1
     rows, _ = pack_trajectory(Trajectory(steps=[_step([1], [2], None)]), 1.0)
     assert rows[0].temperature is None
+
+
+def test_a_cluster_asked_of_a_one_device_backend_is_refused_not_ignored() -> None:
+    with pytest.raises(ConfigError, match=r"--n-gpus 8 \(supported: 1: it trains on one device\); --nnodes 2"):
+        check_capabilities(TrainConfig(n_gpus=8, nnodes=2), BackendCapabilities(), "local")
+    check_capabilities(TrainConfig(n_gpus=8, nnodes=2), BackendCapabilities(multi_gpu=True), "verl")

@@ -85,7 +85,7 @@ class VerlBackend(BackendBase):
         return BackendCapabilities(
             losses=frozenset({"ppo", "gspo"}), agg_modes=frozenset(AGG_MODES), kl_types=frozenset(),
             lora=gpu, recompute_old_logprobs=not gpu, devices=frozenset({"cpu", "cuda"}), async_train_step=True,
-            colocated=gpu,
+            colocated=gpu, multi_gpu=gpu,
             notes={"loss": "verl 0.9 has no plain importance-sampling loss",
                    "kl_type": "the verl backend computes no reference log-probs yet (verl's ppo_loss needs "
                               "ref_log_prob); the mapping onto use_kl_loss / kl_loss_type is tested, the reference "
