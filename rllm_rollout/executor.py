@@ -95,9 +95,9 @@ class RayExecutor:
 
     @property
     def gateway_host(self) -> str:
-        from rllm_rollout.distributed import worker_gateway_bind
+        from rllm_rollout.distributed.ray_gateway import worker_gateway_host
 
-        return worker_gateway_bind(self.connection)[0]
+        return worker_gateway_host(self.connection)
 
     async def run(self, batch: EpisodeBatch) -> list[Episode]:
         from rllm_rollout.distributed import run_episodes_ray

@@ -15,10 +15,8 @@ from rllm_rollout.executor import EpisodeBatch, LocalExecutor
 __all__ = ["SequentialExecutor"]
 
 
-class SequentialExecutor:
+class SequentialExecutor(LocalExecutor):
     """Runs every batch with concurrency 1 and records it; `fail_on_batch` (1-based) raises there instead."""
-
-    gateway_host = "127.0.0.1"
 
     def __init__(self, fail_on_batch: int | None = None) -> None:
         self.batches: list[EpisodeBatch] = []
@@ -28,4 +26,4 @@ class SequentialExecutor:
         self.batches.append(batch)
         if self.fail_on_batch == len(self.batches):
             raise RuntimeError(f"SequentialExecutor: batch {len(self.batches)} fails as asked")
-        return await LocalExecutor().run(dataclasses.replace(batch, concurrency=1, progress=False))
+        return await super().run(dataclasses.replace(batch, concurrency=1, progress=False))

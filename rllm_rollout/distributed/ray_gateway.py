@@ -4,7 +4,7 @@ On a single-node cluster the gateway stays on 127.0.0.1. When the cluster has ot
 a routable address: the gateway then listens on every interface and workers are handed the driver's node IP.
 Either way it has a random bearer token (so only this run's workers can record through it and spend the
 upstream's key), which the picklable client carries to the workers. `rllm eval` and `rllm train` both choose
-through these two functions.
+through these functions.
 """
 
 from __future__ import annotations
@@ -16,13 +16,17 @@ if TYPE_CHECKING:
     from rllm_rollout.distributed.ray_cluster import RayConnection
     from rllm_rollout.gateway import GatewayHandle, RemoteGateway
 
-__all__ = ["worker_gateway_bind", "worker_gateway_client"]
+__all__ = ["worker_gateway_bind", "worker_gateway_client", "worker_gateway_host"]
+
+
+def worker_gateway_host(conn: RayConnection | None) -> str:
+    """Where a gateway that Ray workers of `conn` must reach binds: loopback unless other nodes run workers."""
+    return "127.0.0.1" if conn is None or conn.single_node else "0.0.0.0"
 
 
 def worker_gateway_bind(conn: RayConnection | None) -> tuple[str, str]:
     """(host to bind, bearer token) for a gateway that Ray workers of `conn` must reach."""
-    host = "127.0.0.1" if conn is None or conn.single_node else "0.0.0.0"
-    return host, secrets.token_urlsafe(24)
+    return worker_gateway_host(conn), secrets.token_urlsafe(24)
 
 
 def worker_gateway_client(handle: GatewayHandle, conn: RayConnection | None) -> RemoteGateway:
