@@ -58,7 +58,9 @@ class Step(_Record):
     id: str = Field(default_factory=_new_id)
     agent: str | None = None
     """The agent / role / graph node that made the call; trajectories are split by it."""
-    endpoint: Literal["chat", "completions", "responses"] = "chat"
+    endpoint: Literal["chat", "completions", "responses", "messages"] = "chat"
+    """The API the agent called; a Messages call's `messages` and `params` are kept in their Chat form (what the
+    chat template renders), its thinking blocks in `metadata["thinking"]`."""
     model: str | None = None
     messages: list[dict[str, Any]] | None = None
     prompt: str | list[int] | None = None

@@ -68,6 +68,12 @@ class RolloutConfig(BaseModel):
     """This episode's seed, derived from the engine's `sampling["seed"]`, the task id and the attempt (so the n
     attempts at a task differ and a rerun repeats them); None: the run is unseeded and every call samples afresh."""
 
+    @property
+    def anthropic_base_url(self) -> str:
+        """`base_url` for the Anthropic SDK (and CLI agents' ANTHROPIC_BASE_URL): it appends /v1/messages itself.
+        (Through the gateway `base_url` works too: the gateway also answers .../v1/v1/messages.)"""
+        return self.base_url.rstrip("/").removesuffix("/v1")
+
     def call_seed(self, index: int) -> int | None:
         """The `seed` to send with this episode's `index`-th LLM call (0, 1, ...), or None when unseeded.
 

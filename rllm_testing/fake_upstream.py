@@ -4,7 +4,8 @@ Tokens are UTF-8 bytes offset by 3 (so ids are exact and checkable), logprobs a 
 and the reply text comes from a `responder` the test chooses. It returns `prompt_token_ids` and per-choice
 `token_ids` only when asked (`return_token_ids: true`) and logprobs only when asked, like vLLM. `/v1/responses`
 answers in vLLM's Responses shape (`responses_api.py`): logprobs with `include: ["message.output_text.logprobs"]`,
-token ids as `input_messages` / `output_messages` with `enable_response_messages: true`. It serves
+token ids as `input_messages` / `output_messages` with `enable_response_messages: true`; `/v1/messages` in
+Anthropic's (`fake_messages.py`). It serves
 on 127.0.0.1 on a free port from a background thread and records every request body (and Authorization
 header) it received.
 """
@@ -22,27 +23,13 @@ from typing import Any
 from aiohttp import web
 
 from rllm_core.threaded_app import ThreadedApp
+from rllm_testing.fake_messages import serve_messages
+from rllm_testing.fake_tokens import _prompt_ids, _token_str, decode, encode, token_logprob
 
 __all__ = ["FakeUpstream", "decode", "default_responder", "encode", "start_fake_upstream", "token_logprob"]
 
 Reply = str | dict[str, Any]
 """A reply is text, or {"tool_call": {"name": ..., "arguments": {...}}}."""
-
-
-def encode(text: str) -> list[int]:
-    return [b + 3 for b in text.encode("utf-8")]
-
-
-def decode(ids: list[int]) -> str:
-    return bytes(i - 3 for i in ids if i >= 3).decode("utf-8", errors="replace")
-
-
-def token_logprob(token_id: int) -> float:
-    return -round(((token_id * 7919) % 1000) / 1000 + 0.01, 6)
-
-
-def _token_str(token_id: int) -> str:
-    return bytes([token_id - 3]).decode("latin-1")
 
 
 def default_responder(body: dict[str, Any]) -> Reply:
@@ -59,15 +46,6 @@ def default_responder(body: dict[str, Any]) -> Reply:
         prompt = body.get("prompt", "")
         last = decode(prompt) if isinstance(prompt, list) else str(prompt)
     return f"ok: {str(last)[:24]}"
-
-
-def _prompt_ids(body: dict[str, Any]) -> list[int]:
-    if "input" in body:  # the Responses API: instructions and input, as sent
-        return encode(json.dumps([body.get("instructions"), body["input"]], sort_keys=True, separators=(",", ":")))
-    if "messages" in body:
-        return encode(json.dumps(body["messages"], sort_keys=True, separators=(",", ":")))
-    prompt = body.get("prompt", "")
-    return list(prompt) if isinstance(prompt, list) else encode(str(prompt))
 
 
 @dataclass
@@ -91,6 +69,7 @@ class FakeUpstream:
         app.router.add_post("/v1/chat/completions", self._chat)
         app.router.add_post("/v1/completions", self._completions)
         app.router.add_post("/v1/responses", self._responses)
+        app.router.add_post("/v1/messages", self._messages)
         app.router.add_get("/v1/models", self._models)
         app.router.add_get("/health", lambda r: web.json_response({"status": "ok"}))
         return app
@@ -201,6 +180,9 @@ class FakeUpstream:
         await send(f"response.{full['status']}", response=full)
         await resp.write_eof()
         return resp
+
+    async def _messages(self, request: web.Request) -> web.StreamResponse:
+        return await serve_messages(self, request)
 
     async def _chat(self, request: web.Request) -> web.StreamResponse:
         return await self._serve(request, chat=True)

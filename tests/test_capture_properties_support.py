@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 
 from rllm_core.types import Step
 from rllm_rollout.capture import CallAssembler, prepare_call
-from rllm_rollout.capture.responses import make_assembler
+from rllm_rollout.capture.assemblers import make_assembler
 
 STREAMS = {p.stem: p.read_bytes() for p in sorted((Path(__file__).parent / "data" / "streams").glob("*.sse"))}
 MSGS = [{"role": "user", "content": "hi"}]

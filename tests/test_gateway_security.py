@@ -65,7 +65,8 @@ def test_only_llm_routes_reach_the_upstream(fake_upstream: FakeUpstream, method:
             r = httpx.request(method, f"{base}/{path}", json={"x": 1}, headers=headers)
             assert r.status_code == status
             err = r.json()["error"]
-            assert "POST /v1/chat/completions, /v1/completions, /v1/responses and GET /v1/models" in err["message"]
+            allowed = "POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages and GET /v1/models"
+            assert allowed in err["message"]
             if status == 405:
                 assert r.headers["Allow"] in ("GET", "POST")
         assert fake_upstream.requests == [] and gw.steps("s") == []

@@ -365,7 +365,7 @@ async def test_agents_sdk_chat_completions_stays_an_opt_in(fake_upstream: FakeUp
 def unknown_calls(task: rllm.Task, config: rllm.RolloutConfig) -> None:
     with httpx.Client(base_url=endpoint(config), headers={"Authorization": f"Bearer {api_key(config)}"}) as c:
         for _ in range(2):
-            c.post("/messages", json={"model": "claude", "messages": [{"role": "user", "content": "hi"}]})
+            c.post("/generate", json={"prompt": "hi"})  # vLLM's native route: a generation capture cannot read
         c.post("/responses/resp_1/cancel", json={})
         c.post("/embeddings", json={"model": "e", "input": "not a generation"})
 
@@ -379,9 +379,9 @@ def test_an_unrecognized_llm_call_warns_once_and_is_counted(fake_upstream: FakeU
         episode = unknown_calls.run({"id": "u"}, base_url=fake_upstream.base_url, direct=True)
     assert episode.termination_reason == "completed", episode.error
     assert episode.metrics["capture/unrecorded_calls"] == 3
-    assert unrecorded_counts() == {"/v1/messages": 2, "/v1/responses/resp_1/cancel": 1}
+    assert unrecorded_counts() == {"/v1/generate": 2, "/v1/responses/resp_1/cancel": 1}
     warned = [r.getMessage() for r in caplog.records if "did not record" in r.getMessage()]
-    assert len(warned) == 2 and "Anthropic Messages" in warned[0]  # once per (host, path)
+    assert len(warned) == 2 and "native /generate" in warned[0]  # once per (host, path)
     assert unrecognized_llm_call("/v1/embeddings") is None and unrecognized_llm_call("/generate")
     assert unrecognized_llm_call("/v1beta/models/g:generateContent") and unrecognized_llm_call("/api/chat")
 

@@ -23,15 +23,17 @@ import logging
 import time
 from typing import Any
 
+from rllm_core.errors import CaptureError
 from rllm_core.types import Step, TokenSource
 from rllm_rollout.capture import _json
 from rllm_rollout.capture.choices import Choice, choice_index, logprobs_of
+from rllm_rollout.capture.messages_chat import messages_to_chat
 from rllm_rollout.capture.request import CallRequest
 from rllm_rollout.capture.responses_input import input_to_messages
 from rllm_rollout.capture.retokenize import retokenize_step
 from rllm_rollout.capture.sse import EventBuffer, data_of, event_lines, rebuild
 
-__all__ = ["CallAssembler", "error_step"]
+__all__ = ["CallAssembler", "error_step", "request_messages"]
 
 log = logging.getLogger("rllm.capture")
 
@@ -368,6 +370,13 @@ def request_messages(call: CallRequest) -> list[dict[str, Any]] | None:
         return call.body.get("messages")
     if call.endpoint == "responses":
         return input_to_messages(call.body)
+    if call.endpoint == "messages":
+        if call.source is not None:  # the body is already the Chat translation
+            return call.body.get("messages")
+        try:
+            return messages_to_chat(call.body)["messages"]
+        except CaptureError:  # images, server tools: no Chat form; the Messages turns are kept as they came
+            return [m for m in call.body.get("messages") or [] if isinstance(m, dict)] or None
     return None
 
 

@@ -1,12 +1,13 @@
 """In-process capture: record LLM calls made through any httpx / httpx2 client inside an episode.
 
 `install()` patches `Client.send` and `AsyncClient.send` of both libraries (openai 3.x sends through httpx2,
-LangChain and most others through httpx). A POST to `*/completions` made while an episode context is active
+LangChain, the anthropic SDK and most others through httpx). A POST to an LLM route (`*/chat/completions`,
+`*/completions`, `*/responses`, `*/messages`) made while an episode context is active
 (`rllm_core.context.current_episode()`) is recorded into that episode's recorder; everything else goes
-through untouched. The response stream is wrapped, not read ahead: chunks are parsed by the shared
-`CallAssembler` as the client reads them, so streaming behaves exactly as before and nothing is buffered
-twice. Calls to the episode's own gateway are left to the gateway (it records them itself); they only get
-the `X-RLLM-Agent` header so the gateway knows which agent made them.
+through untouched. The response stream is wrapped, not read ahead: chunks are parsed by the assembler for
+the route (`assemblers.make_assembler`) as the client reads them, so streaming behaves exactly as before and
+nothing is buffered twice. Calls to the episode's own gateway are left to the gateway (it records them
+itself); they only get the `X-RLLM-Agent` header so the gateway knows which agent made them.
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from rllm_core.context import AGENT_HEADER, StepRecorder, current_agent, current
 from rllm_core.errors import CaptureError
 from rllm_core.types import Step
 from rllm_rollout.capture.assemble import CallAssembler, error_step
+from rllm_rollout.capture.assemblers import make_assembler
 from rllm_rollout.capture.request import CallRequest, endpoint_of, is_loopback, prepare_call
-from rllm_rollout.capture.responses import make_assembler
 from rllm_rollout.capture.unrecorded import check_unrecorded, note_unrecorded
 
 __all__ = ["install", "is_installed", "uninstall"]
@@ -182,7 +183,7 @@ def _plan(lib: ModuleType, request: Any) -> tuple[Any, CallRequest, StepRecorder
                         host=request.url.host, session=ctx.session_id)
         return None
     upstream = (url.split("?", 1)[0].removesuffix("/chat/completions").removesuffix("/completions")
-                .removesuffix("/responses"))
+                .removesuffix("/responses").removesuffix("/messages"))
     try:
         call, sent = prepare_call(raw, endpoint, upstream=upstream, inject=is_loopback(url), agent=current_agent())
     except CaptureError:

@@ -13,8 +13,8 @@ Thinking blocks (`thinking`, `redacted_thinking`) have no Chat form: a request's
 and kept by the caller in the Step's metadata, as the issue asks. Not translated (refused by name, never
 silently dropped): image and document blocks, server tools (they run on Anthropic's side).
 
-The gateway's `/v1/messages` route and the policy server's native Messages endpoint are to build on this module;
-until they do, capture refuses `/v1/messages` loudly (capture/unrecorded.py).
+The gateway's `/v1/messages` route for Chat-only upstreams (capture/messages.py) and the policy server's native
+`/v1/messages` (rllm_serve/messages_api.py) are built on this module.
 """
 
 from __future__ import annotations
@@ -104,11 +104,14 @@ def _tool_choice(choice: Any) -> Any:
 
 def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
     """The Chat Completions request for a Messages request `body` (model, sampling and stream carried over)."""
+    turns = body.get("messages")
+    if not isinstance(turns, list) or not all(isinstance(m, dict) for m in turns):
+        raise CaptureError("messages must be a list of {role, content} objects")
     messages: list[dict[str, Any]] = []
     system = body.get("system")
     if system:
         messages.append({"role": "system", "content": _text(system, "system")})
-    for i, m in enumerate(body.get("messages") or []):
+    for i, m in enumerate(turns):
         role = m.get("role")
         if role == "user":
             messages.extend(_user_turn(m.get("content"), i))

@@ -21,16 +21,19 @@ from urllib.parse import urlsplit
 
 from rllm_core.errors import CaptureError
 from rllm_rollout.capture import _json
+from rllm_rollout.capture.messages_chat import messages_to_chat
 
-__all__ = ["LOGPROBS_INCLUDE", "CallRequest", "Endpoint", "endpoint_of", "is_loopback", "prepare_call"]
+__all__ = ["LOGPROBS_INCLUDE", "CallRequest", "Endpoint", "endpoint_of", "is_loopback", "prepare_call",
+           "prepare_messages_via_chat"]
 
-Endpoint = Literal["chat", "completions", "responses"]
+Endpoint = Literal["chat", "completions", "responses", "messages"]
 
 LOGPROBS_INCLUDE = "message.output_text.logprobs"
 """The Responses API's `include` entry that asks for output-text logprobs (OpenAI's and vLLM's name)."""
 
 _NOT_PARAMS = frozenset({"messages", "prompt", "model"})
 _NOT_RESPONSES_PARAMS = frozenset({"input", "instructions", "model"})
+_NOT_MESSAGES_PARAMS = frozenset({"messages", "system", "model"})
 
 
 @dataclass(slots=True)
@@ -42,6 +45,9 @@ class CallRequest:
     """The body as the client sent it (before injection)."""
     upstream: str
     agent: str | None = None
+    source: dict[str, Any] | None = None
+    """A Messages call sent to a Chat-only upstream: the client's Messages body (`body` is then its Chat
+    translation, what the upstream rendered and the Step records)."""
     wants_logprobs: bool = True
     wants_token_ids: bool = True
     started_at: float = field(default_factory=time.time)
@@ -54,17 +60,21 @@ class CallRequest:
     @property
     def strips(self) -> bool:
         """True when the response must be rewritten before the client sees it."""
-        return not (self.wants_logprobs and self.wants_token_ids)
+        return self.source is not None or not (self.wants_logprobs and self.wants_token_ids)
 
     @property
     def params(self) -> dict[str, Any]:
         """Sampling parameters: the body less what becomes the Step's prompt (messages / prompt / input)."""
-        skip = _NOT_RESPONSES_PARAMS if self.endpoint == "responses" else _NOT_PARAMS
+        if self.endpoint == "messages" and self.source is None:
+            skip = _NOT_MESSAGES_PARAMS
+        else:
+            skip = _NOT_RESPONSES_PARAMS if self.endpoint == "responses" else _NOT_PARAMS
         return {k: v for k, v in self.body.items() if k not in skip}
 
 
 def endpoint_of(path: str) -> Endpoint | None:
-    """`chat` for .../chat/completions, `completions` for .../completions, `responses` for .../responses.
+    """`chat` for .../chat/completions, `completions` for .../completions, `responses` for .../responses,
+    `messages` for .../messages (Anthropic; `.../messages/count_tokens` and `.../messages/batches` are not one).
 
     Only the generating POST of the Responses API is one: `.../responses/{id}` (retrieve, delete),
     `.../responses/{id}/cancel` and `.../input_items` return stored objects, not a new generation (None).
@@ -76,6 +86,8 @@ def endpoint_of(path: str) -> Endpoint | None:
         return "completions"
     if path.endswith("/responses"):
         return "responses"
+    if path.endswith("/messages"):
+        return "messages"
     return None
 
 
@@ -94,13 +106,7 @@ def _asked(value: Any) -> bool:
     return value is not None and value is not False
 
 
-def prepare_call(
-    raw: bytes, endpoint: Endpoint, *, upstream: str, inject: bool, agent: str | None = None
-) -> tuple[CallRequest, bytes]:
-    """Parse a request body; return the call record and the bytes to send upstream.
-
-    Raises CaptureError (with what to fix) when the body is not a JSON object.
-    """
+def _body(raw: bytes) -> dict[str, Any]:
     try:
         body = _json.loads(raw) if raw else None
     except ValueError as exc:
@@ -110,6 +116,19 @@ def prepare_call(
             f"request body must be a JSON object, got {type(body).__name__}; send e.g. "
             '{"model": ..., "messages": [...]}'
         )
+    return body
+
+
+def prepare_call(
+    raw: bytes, endpoint: Endpoint, *, upstream: str, inject: bool, agent: str | None = None
+) -> tuple[CallRequest, bytes]:
+    """Parse a request body; return the call record and the bytes to send upstream.
+
+    A Messages call (`endpoint="messages"`) sent as it is asks a loopback upstream for our fields by the chat
+    names (`logprobs`, `return_token_ids`: rllm's policy server answers them on `/v1/messages` too).
+    Raises CaptureError (with what to fix) when the body is not a JSON object.
+    """
+    body = _body(raw)
     call = CallRequest(endpoint=endpoint, body=body, upstream=upstream, agent=agent)
     if not inject:
         return call, raw
@@ -126,6 +145,21 @@ def prepare_call(
     if not call.wants_token_ids:
         sent["return_token_ids"] = True
     return call, _json.dumps(sent)
+
+
+def prepare_messages_via_chat(
+    raw: bytes, *, upstream: str, inject: bool, agent: str | None = None
+) -> tuple[CallRequest, bytes]:
+    """A Messages call for an upstream that speaks only Chat Completions: the call (its `body` the Chat
+    translation, `source` the Messages body) and the Chat request to send, asking for ids and logprobs when
+    `inject`. Raises CaptureError for a body that is not JSON or has no Chat form (images, server tools)."""
+    source = _body(raw)
+    chat = messages_to_chat(source)
+    call = CallRequest(endpoint="messages", body=chat, upstream=upstream, agent=agent, source=source)
+    if inject:
+        call.wants_logprobs = call.wants_token_ids = False
+        chat = {**chat, "logprobs": True, "return_token_ids": True}
+    return call, _json.dumps(chat)
 
 
 def _prepare_responses(call: CallRequest, raw: bytes) -> tuple[CallRequest, bytes]:

@@ -29,18 +29,12 @@ from rllm_rollout.capture.request import CallRequest
 from rllm_rollout.capture.responses_input import chat_tools, input_to_messages, tool_call_of
 from rllm_rollout.capture.retokenize import retokenize_step
 
-__all__ = ["ResponsesAssembler", "make_assembler"]
+__all__ = ["ResponsesAssembler"]
 
 _TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
 _TERMINAL_BYTES = tuple(t.encode() for t in _TERMINAL)
 _TEXT_EVENTS = {"response.output_text.delta", "response.output_text.done"}
 _INCOMPLETE = {"max_output_tokens": "length", "content_filter": "content_filter"}
-
-
-def make_assembler(call: CallRequest, *, sse: bool, tokenizer: Any = None) -> CallAssembler:
-    """The assembler for `call`'s endpoint: Responses calls get `ResponsesAssembler`, the rest `CallAssembler`."""
-    cls = ResponsesAssembler if call.endpoint == "responses" else CallAssembler
-    return cls(call, sse=sse, tokenizer=tokenizer)
 
 
 # ---------------------------------------------------------------------------------- the assembler

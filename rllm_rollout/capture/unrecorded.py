@@ -10,7 +10,6 @@ The rule (`unrecognized_llm_call`): a POST is an LLM generation capture does not
 one of the generation APIs below; anything else (embeddings, moderations, tokenize, files, audio, images,
 rerank, score, ...) is not a generation and passes silently.
 
-    .../messages                          Anthropic Messages
     .../responses/<anything>              a Responses API sub-resource (only POST .../responses is recorded)
     .../generate, .../generate_stream     vLLM / SGLang / TGI native generation
     .../api/chat, .../api/generate        Ollama native
@@ -33,8 +32,6 @@ METRIC = "capture/unrecorded_calls"
 """The episode metric the rollout fills from `take_unrecorded(session)`."""
 
 _GENERATION_TAILS: dict[str, str] = {
-    "messages": "the Anthropic Messages API is not captured; use an OpenAI-compatible endpoint "
-                "(/v1/chat/completions or /v1/responses)",
     "generate": "a native /generate endpoint is not captured; call /v1/completions or /v1/chat/completions",
     "generate_stream": "a native /generate_stream endpoint is not captured; call /v1/chat/completions",
     "converse": "the Bedrock Converse API is not captured; use an OpenAI-compatible endpoint",

@@ -3,6 +3,8 @@
 Routes (each also without the `/sessions/{id}` prefix, the session then taken from `X-RLLM-Session`):
 
     POST   /sessions/{id}/v1/chat/completions | /v1/completions    proxied upstream, recorded
+    POST   /sessions/{id}/v1/responses | /v1/messages              proxied upstream, recorded (Messages: as Chat
+                                                                  for a Chat-only upstream, capture/messages.py)
     GET    /sessions/{id}/v1/models                               proxied upstream
     GET    /sessions/{id}/steps                                   recorded Steps as JSON
     POST   /sessions/{id}/take[?take_id=T]                        recorded Steps as JSON, free them, close it
@@ -40,9 +42,10 @@ from rllm_core.errors import CaptureError
 from rllm_core.plugins import get_plugin_manager
 from rllm_core.types import Step
 from rllm_rollout.capture import _json
-from rllm_rollout.capture.assemble import CallAssembler, error_step
-from rllm_rollout.capture.request import CallRequest, endpoint_of, prepare_call
-from rllm_rollout.capture.responses import make_assembler
+from rllm_rollout.capture.assemble import CallAssembler, error_step, request_messages
+from rllm_rollout.capture.assemblers import make_assembler
+from rllm_rollout.capture.messages import anthropic_error
+from rllm_rollout.capture.request import CallRequest, endpoint_of, prepare_call, prepare_messages_via_chat
 from rllm_rollout.capture.retokenize import resolve_tokenizer
 from rllm_rollout.gateway.capability import split_segment, verify_segment
 from rllm_rollout.gateway.config import GatewayConfig
@@ -55,14 +58,15 @@ __all__ = ["AGENT_HEADER", "DEFAULT_SESSION", "SESSION_HEADER", "create_app"]
 log = logging.getLogger("rllm.gateway")
 
 _DROP_REQUEST = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive",
-                           "authorization", "accept-encoding", "x-rllm-session", "x-rllm-agent", "te",
+                           "authorization", "x-api-key", "accept-encoding", "x-rllm-session", "x-rllm-agent", "te",
                            "upgrade", "proxy-authorization", "proxy-connection", "trailer", "expect"})
 _DROP_RESPONSE = frozenset({"content-length", "transfer-encoding", "content-encoding", "connection",
                             "keep-alive", "date", "server"})
 
-LLM_POST_ROUTES = ("chat/completions", "completions", "responses")
+LLM_POST_ROUTES = ("chat/completions", "completions", "responses", "messages", "v1/messages")
 """The only calls forwarded upstream, with GET models[/ID]: a client token must not reach the upstream's
-files, batches or fine-tuning with the upstream's key."""
+files, batches or fine-tuning with the upstream's key. `v1/messages`: the Anthropic SDK appends /v1/messages
+to its base URL, so an agent handed `config.base_url` (which ends in /v1) calls .../v1/v1/messages."""
 
 STORE_KEY = web.AppKey("store", Store)
 ROUTER_KEY = web.AppKey("router", UpstreamRouter)
@@ -118,6 +122,9 @@ class _Gateway:
         scheme, _, given = request.headers.get("Authorization", "").strip().partition(" ")
         if scheme.lower() == "bearer" and hmac.compare_digest(given.strip().encode(), self._token):
             return None
+        key = request.headers.get("x-api-key")  # the Anthropic SDK's header
+        if key is not None and hmac.compare_digest(key.strip().encode(), self._token):
+            return None
         return _error(401, "missing or wrong bearer token: send 'Authorization: Bearer <token>' (an agent gets it "
                            "as config.api_key; a GatewayHandle has it as .client_api_key; `rllm gateway` prints it)",
                       "authentication_error")
@@ -153,14 +160,18 @@ class _Gateway:
         # No plugin event here: this may be another process; the driver sends rllm_on_llm_call once per Step
         # when the episode reaches it (rllm_core.context.report_llm_calls).
 
-    def _upstream_headers(self, request: web.Request, up: Upstream) -> dict[str, str]:
+    def _upstream_headers(self, request: web.Request, up: Upstream, native_messages: bool = False) -> dict[str, str]:
         headers = {k: v for k, v in request.headers.items() if k.lower() not in _DROP_REQUEST}
         if request.method == "POST" and "Content-Type" not in request.headers:
             headers["Content-Type"] = "application/json"
         if up.config.api_key:
             headers["Authorization"] = f"Bearer {up.config.api_key}"
-        elif self._bearer is None and "Authorization" in request.headers:
-            headers["Authorization"] = request.headers["Authorization"]  # the client's key is for upstream
+            if native_messages:
+                headers["x-api-key"] = up.config.api_key
+        elif self._bearer is None:  # no gateway token: the client's key is for upstream
+            for name in ("Authorization", "x-api-key"):
+                if name in request.headers:
+                    headers[name] = request.headers[name]
         return headers
 
     @staticmethod
@@ -263,12 +274,21 @@ class _Gateway:
         up = self.router.pick(sid)  # only now: a refused request never ties a session to a worker
         if endpoint is None:
             return await self._passthrough(request, up, tail, raw)
+        via_chat = endpoint == "messages" and up.config.messages_api == "chat"
+        agent = request.headers.get(AGENT_HEADER)
         try:
-            call, sent = prepare_call(raw, endpoint, upstream=up.url, inject=up.config.inject,
-                                      agent=request.headers.get(AGENT_HEADER))
+            if via_chat:
+                call, sent = prepare_messages_via_chat(raw, upstream=up.url, inject=up.config.inject, agent=agent)
+                tail = "chat/completions"
+            else:
+                call, sent = prepare_call(raw, endpoint, upstream=up.url, inject=up.config.inject, agent=agent)
+                tail = "messages" if endpoint == "messages" else tail
         except CaptureError as exc:
+            if endpoint == "messages":  # the client speaks Messages: the error in its shape
+                return web.json_response(anthropic_error(str(exc), "invalid_request_error"), status=400)
             return _error(400, str(exc))
-        if endpoint == "chat" and up.config.exact_turns and (hint := self.turns.hint(sid, call.body)) is not None:
+        if endpoint in ("chat", "messages") and up.config.exact_turns \
+                and (hint := self.turns.hint(sid, {"messages": request_messages(call)})) is not None:
             sent = _json.dumps({**_json.loads(sent), "rllm_continue": hint})  # the server continues exactly
         if (model := up.config.model_for(call.agent)) is not None:  # a policy per role: the role's adapter
             sent = _json.dumps({**_json.loads(sent), "model": model})
@@ -304,8 +324,8 @@ class _Gateway:
                        sent: bytes) -> web.StreamResponse:
         assert self.http is not None
         try:
-            ctx = self.http.post(f"{up.url}/{tail}", data=sent, headers=self._upstream_headers(request, up),
-                                 timeout=self._timeout(up))
+            headers = self._upstream_headers(request, up, native_messages=tail == "messages")
+            ctx = self.http.post(f"{up.url}/{tail}", data=sent, headers=headers, timeout=self._timeout(up))
             resp = await ctx.__aenter__()
         except TimeoutError:
             msg = f"upstream {up.url} timed out after {up.config.timeout_s} s"
@@ -318,8 +338,10 @@ class _Gateway:
         try:
             if resp.status >= 400:
                 body = await resp.read()
-                self._record(sid, [error_step(call, f"upstream returned HTTP {resp.status}: "
-                                                    f"{body[:500].decode(errors='replace')}")])
+                said = body[:500].decode(errors='replace')
+                self._record(sid, [error_step(call, f"upstream returned HTTP {resp.status}: {said}")])
+                if call.source is not None:  # the client speaks Messages: the Chat server's error in its shape
+                    body = _json.dumps(anthropic_error(f"upstream returned HTTP {resp.status}: {said}"))
                 return web.Response(body=body, status=resp.status, headers=self._client_headers(resp))
             asm = make_assembler(call, sse="text/event-stream" in resp.headers.get("Content-Type", ""),
                                  tokenizer=up.tokenizer)
@@ -442,7 +464,7 @@ def _not_allowed(method: str, tail: str) -> web.Response | None:
     is_models = route == "models" or route.startswith("models/")
     if (method == "POST" and route in LLM_POST_ROUTES) or (method == "GET" and is_models):
         return None
-    allowed = "POST /v1/chat/completions, /v1/completions, /v1/responses and GET /v1/models"
+    allowed = "POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages and GET /v1/models"
     if route in LLM_POST_ROUTES or is_models:
         resp = _error(405, f"{method} /v1/{route} is not allowed: the gateway forwards only {allowed}",
                       "method_not_allowed")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from typing import Literal
 from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -32,6 +33,10 @@ class UpstreamConfig(BaseModel):
     timeout_s: float = 600.0
     tokenizer: str | None = None
     """Hugging Face tokenizer path used to retokenize replies from an upstream that returns no token ids."""
+    messages_api: Literal["chat", "native"] = "chat"
+    """How an Anthropic Messages call (`POST /v1/messages`) reaches this upstream: "chat" translates it to the
+    upstream's /chat/completions and the reply back (vLLM, rllm's policy server, any OpenAI-compatible server;
+    ids and logprobs kept), "native" forwards it as it is (Anthropic's API, a server with its own /v1/messages)."""
     role_models: dict[str, str] = Field(default_factory=dict)
     """Agent role → the model name sent upstream for its calls ('*': any other role), e.g. each role's LoRA
     adapter on rllm's policy server. Empty: the client's model name is sent unchanged."""

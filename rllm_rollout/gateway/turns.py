@@ -71,8 +71,9 @@ class TurnTracker:
 
     def record(self, session_id: str, steps: list[Step]) -> None:
         for step in steps:
-            if (step.endpoint != "chat" or step.error is not None or step.choice_index != 0 or not step.messages
-                    or step.prompt_token_ids is None or not step.completion_token_ids or step.token_source != "server"):
+            if (step.endpoint not in ("chat", "messages") or step.error is not None or step.choice_index != 0
+                    or not step.messages or step.prompt_token_ids is None or not step.completion_token_ids
+                    or step.token_source != "server"):
                 continue
             reply = {"role": "assistant", "content": step.text or "", "tool_calls": step.tool_calls}
             turn = _Turn(tuple(_normal(m) for m in [*step.messages, reply]),
