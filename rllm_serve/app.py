@@ -23,6 +23,7 @@ from rllm_core.errors import ConfigError
 from rllm_rollout.capture.responses_input import chat_tools, input_to_messages
 from rllm_serve.continuation import continued_prompt
 from rllm_serve.engine import DecodeEngine
+from rllm_serve.messages_api import MessagesCall, chat_request_for, stream_messages
 from rllm_serve.protocol import (
     ChatRequest,
     CompletionRequest,
@@ -185,6 +186,29 @@ class _Handlers:
         finally:
             gen.cancel()
 
+    async def messages(self, request: web.Request) -> web.StreamResponse:
+        """`POST /v1/messages` (Anthropic): rendered and generated as the chat call it is (messages_api.py)."""
+        try:
+            body = await request.json()
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            raise RequestError("the request body is not valid JSON") from None
+        req = chat_request_for(body)
+        self._route(req)
+        prompt_ids = self._chat_prompt(req)
+        builder = ResponseBuilder(self.tokenizer, self._route(req)[1], True, prompt_ids, False, False,
+                                  parse_tools=bool(req.tools))  # our fields come from the results themselves
+        call = MessagesCall(builder, body)
+        gen, queue = self._submit(req, prompt_ids, builder.id, None)
+        try:
+            if req.stream:
+                return await stream_messages(request, queue, call)
+            [result] = await _collect(queue, 1)
+            if result.finish_reason in ("error", "abort"):
+                return _error(500, f"generation failed: {result.error}")
+            return web.json_response(call.message(result))
+        finally:
+            gen.cancel()
+
     def _submit(self, req: ChatRequest | CompletionRequest | ResponsesRequest, prompt_ids: list[int], request_id: str,
                 default_max: int | None) -> tuple[GenerationRequest, asyncio.Queue[TokenEvent]]:
         """Hand one request to the engine; its TokenEvents arrive on the returned queue (on this loop)."""
@@ -218,6 +242,12 @@ class _Handlers:
         resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
         await resp.prepare(request)
         pending, produced, version = req.n, 0, None
+        if builder.parse_tools:  # tool calls are parsed from whole replies: each choice goes out in one chunk
+            results = await _collect(queue, req.n)
+            version = results[0].policy_version if results else 0
+            first = builder.first_chunk(req.n, version)
+            await resp.write((first or b"") + b"".join(builder.whole_chunks(r) for r in results))
+            produced, pending = sum(len(r.token_ids) for r in results), 0
         while pending:
             ev = await queue.get()
             if version is None:  # the first chunk waits for the engine: it reports the version actually used
@@ -275,7 +305,7 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
         return web.json_response(exc.body(), status=exc.status)
     except web.HTTPNotFound:  # an unknown route: say where the API is, OpenAI-shaped like every other error
         return _error(404, f"no route {request.method} {request.path} here; the OpenAI API is under /v1 "
-                           "(POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, GET /v1/models; "
+                           "(POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, GET /v1/models; "
                            "GET /health)")
     except web.HTTPMethodNotAllowed as exc:
         allowed = ", ".join(sorted(exc.allowed_methods))
@@ -311,6 +341,7 @@ def make_app(engine: DecodeEngine, model_name: str, default_adapter: str | None 
     app.router.add_post("/v1/chat/completions", h.chat)
     app.router.add_post("/v1/completions", h.completions)
     app.router.add_post("/v1/responses", h.responses)
+    app.router.add_post("/v1/messages", h.messages)
     app.router.add_get("/v1/models", h.models)
     app.router.add_get("/health", h.health)
     return app

@@ -170,6 +170,24 @@ class ResponseBuilder:
             ch["token_ids"] = ids
         return self._chunk([ch], ev.policy_version)
 
+    def whole_chunks(self, r: ChoiceResult) -> bytes:
+        """A finished choice as one delta (text and parsed tool calls, every id and logprob), then its finish
+        chunk: how a reply with tools is streamed (the text must be whole to be parsed)."""
+        if r.finish_reason in ("error", "abort"):
+            return self.error_chunk(f"generation failed: {r.error}")
+        content, calls = parse_tool_calls(r.text) if self.parse_tools else (r.text, [])
+        delta: dict[str, Any] = {"content": content or ""}
+        if calls:
+            delta["tool_calls"] = [{**c, "index": k} for k, c in enumerate(calls)]
+        ch: dict[str, Any] = {"index": r.index, "finish_reason": None, "delta": delta,
+                              "logprobs": self.chat_logprobs(r.token_ids, r.logprobs, r.tops)
+                              if self.want_logprobs else None}
+        if self.want_ids:
+            ch["token_ids"] = r.token_ids
+            ch["token_policy_versions"] = r.token_versions
+        finish = "tool_calls" if calls and r.finish_reason == "stop" else str(r.finish_reason)
+        return self._chunk([ch], r.policy_version) + self.finish_chunk(r.index, finish, r.policy_version)
+
     def finish_chunk(self, choice: int, finish_reason: str, policy_version: int) -> bytes:
         ch: dict[str, Any] = {"index": choice, "finish_reason": finish_reason}
         if self.chat:
