@@ -254,3 +254,26 @@ def test_policy_server_multi_turn_messages_continue_token_exactly_through_the_ga
     assert a.trainable and b.trainable and a.endpoint == b.endpoint == "messages"
     assert b.prompt_token_ids[:len(a.prompt_token_ids) + len(a.completion_token_ids)] == \
         a.prompt_token_ids + a.completion_token_ids  # the sampled tokens, not a re-rendering of their text
+
+
+def test_policy_server_replies_with_tools_parse_into_tool_use_blocks_and_whole_stream_chunks(policy_server: Any
+                                                                                             ) -> None:
+    from rllm_serve.messages_api import MessagesCall
+    from rllm_serve.responses import ChoiceResult, ResponseBuilder
+
+    tok = policy_server.loaded.tokenizer
+    text = 'Sure.<tool_call>{"name": "add", "arguments": {"x": 1}}</tool_call>'
+    ids = list(tok.encode(text, add_special_tokens=False))
+    result = ChoiceResult(0, token_ids=ids, logprobs=[-0.5] * len(ids), tops=[[]] * len(ids), text=text,
+                          finish_reason="stop", token_versions=[0] * len(ids))
+    builder = ResponseBuilder(tok, "tiny-random", True, [1, 2], True, True, parse_tools=True)
+    message = MessagesCall(builder, {"return_token_ids": True, "logprobs": True}).message(result)
+    assert [b["type"] for b in message["content"]] == ["text", "tool_use"] and message["stop_reason"] == "tool_use"
+    assert message["content"][1]["input"] == {"x": 1} and message["token_ids"] == ids
+    assert message["logprobs"] == [-0.5] * len(ids) and message["prompt_token_ids"] == [1, 2]
+    chunks = [json.loads(line[6:]) for line in builder.whole_chunks(result).decode().splitlines()
+              if line.startswith("data: ")]
+    delta = chunks[0]["choices"][0]
+    assert delta["delta"]["content"] == "Sure." and delta["delta"]["tool_calls"][0]["index"] == 0
+    assert delta["token_ids"] == ids and len(delta["logprobs"]["content"]) == len(ids)
+    assert chunks[1]["choices"][0]["finish_reason"] == "tool_calls"

@@ -68,8 +68,18 @@ def test_what_has_no_chat_form_is_refused_by_name() -> None:
     with pytest.raises(CaptureError, match=r"server tools \['web_search'\]"):
         messages_to_chat({"model": "m", "max_tokens": 8, "messages": [], "tools": [
             {"type": "web_search_20250305", "name": "web_search"}]})
-    with pytest.raises(CaptureError, match="turns are 'user' or 'assistant'"):
-        messages_to_chat({"model": "m", "max_tokens": 8, "messages": [{"role": "system", "content": "x"}]})
+    with pytest.raises(CaptureError, match="turns are 'user', 'assistant' or 'system'"):
+        messages_to_chat({"model": "m", "max_tokens": 8, "messages": [{"role": "tool", "content": "x"}]})
+    with pytest.raises(CaptureError, match="a list of"):
+        messages_to_chat({"model": "m", "max_tokens": 8, "messages": "hi"})
+
+
+def test_a_system_turn_inside_the_conversation_stays_in_place() -> None:
+    """Claude Code sends mid-conversation system turns; they render as system messages where they are."""
+    body = {"model": "m", "max_tokens": 8, "system": "S", "messages": [
+        {"role": "user", "content": "q"}, {"role": "system", "content": [{"type": "text", "text": "reminder"}]}]}
+    assert messages_to_chat(body)["messages"] == [{"role": "system", "content": "S"}, {"role": "user", "content": "q"},
+                                                  {"role": "system", "content": "reminder"}]
 
 
 def test_a_chat_reply_becomes_a_message_the_sdk_parses() -> None:

@@ -117,8 +117,10 @@ def messages_to_chat(body: dict[str, Any]) -> dict[str, Any]:
             messages.extend(_user_turn(m.get("content"), i))
         elif role == "assistant":
             messages.append(_assistant_turn(m.get("content"), i))
+        elif role == "system":  # a system turn inside the conversation (Claude Code sends them): kept in place
+            messages.append({"role": "system", "content": _text(m.get("content"), f"messages[{i}]")})
         else:
-            raise CaptureError(f"messages[{i}].role {role!r}: Messages turns are 'user' or 'assistant'")
+            raise CaptureError(f"messages[{i}].role {role!r}: Messages turns are 'user', 'assistant' or 'system'")
     chat: dict[str, Any] = {"model": body.get("model"), "messages": messages, "max_tokens": body.get("max_tokens")}
     for key in ("temperature", "top_p", "stream"):
         if key in body:
