@@ -19,6 +19,8 @@ Registration hooks return lists of specs; each spec type lives beside its seam, 
                                                               `rllm train --logger NAME` (TensorBoard, W&B, ...)
 - ``rllm_register_sandbox_providers() -> list[SandboxProviderSpec]`` (rllm_core.sandbox) where agents' commands
                                                               run: `--sandbox local|docker|modal|daytona`
+- ``rllm_register_harnesses() -> list[HarnessSpec]``          (rllm_core.harness) CLI agents run unchanged in a
+                                                              sandbox: `--harness claude-code|codex|...`
 
 Every hook is called through pluggy (`pm.hook.<name>(...)`), in pluggy's order: `tryfirst` implementations
 first, then the most recently registered plugin first, `trylast` ones last. A `@hookimpl(wrapper=True)`
@@ -93,6 +95,11 @@ class RLLMHookSpec:
     @hookspec
     def rllm_register_sandbox_providers(self) -> list[Any]:
         """Return SandboxProviderSpec objects (rllm_core.sandbox) for the sandbox providers this plugin provides."""
+        raise NotImplementedError
+
+    @hookspec
+    def rllm_register_harnesses(self) -> list[Any]:
+        """Return HarnessSpec objects (rllm_core.harness) for the CLI agents this plugin can run in a sandbox."""
         raise NotImplementedError
 
     @hookspec

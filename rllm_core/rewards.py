@@ -14,15 +14,16 @@ __all__ = ["REASONS", "RewardReason", "RewardResult"]
 
 RewardReason = Literal[
     "correct", "wrong_answer", "no_answer_extracted", "format_error", "truncated", "timeout", "error",
-    "verifier_error", "sandbox_error", "context_exceeded", "resource_limit",
+    "verifier_error", "sandbox_error", "context_exceeded", "resource_limit", "harness_error",
 ]
 REASONS: tuple[str, ...] = (
     "correct", "wrong_answer", "no_answer_extracted", "format_error", "truncated", "timeout", "error",
-    "verifier_error", "sandbox_error", "context_exceeded", "resource_limit",
+    "verifier_error", "sandbox_error", "context_exceeded", "resource_limit", "harness_error",
 )
 """`verifier_error` / `sandbox_error`: a sandboxed task's verifier wrote no usable reward / its sandbox failed;
 `context_exceeded`: a multi-turn episode outgrew the model's context before it answered right;
-`resource_limit`: graded code ran into its memory, process or disk limit (counted over its whole process tree)."""
+`resource_limit`: graded code ran into its memory, process or disk limit (counted over its whole process tree);
+`harness_error`: a CLI agent run as the episode's agent (rllm_core.harness) failed to start or exited at once."""
 
 
 class RewardResult(BaseModel):

@@ -67,10 +67,35 @@ def plugins_command(
         adapters.add_row(*_plain(spec.name, spec.framework, installed or "-", spec.tested_versions or "-"),
                          f"[{colour}]{escape(short)}[/{colour}]")
     console.print(adapters)
+    _print_harnesses(console)
     if hints:
         console.print("to install a missing framework:", highlight=False)
         for line in hints:
             console.print(escape(line), highlight=False, soft_wrap=True)  # "rllm[extra]" is not a tag
+
+
+def _print_harnesses(console: Console) -> None:
+    """The CLI agents `--harness` runs, and whether each is installed (else the command that installs it)."""
+    from rllm_core.harness import get_harnesses
+
+    table = Table(title="harnesses (--harness)")
+    for col in ("harness", "api", "installed"):
+        table.add_column(col, overflow="fold")
+    missing = []
+    for name, spec in sorted(get_harnesses(get_plugin_manager()).items()):
+        try:
+            harness = spec.factory()
+            copy = harness.installed()
+        except Exception as exc:  # a third party's broken harness: shown, not fatal
+            table.add_row(*_plain(name, "-"), f"[red]failed: {escape(str(exc))}[/red]")
+            continue
+        if copy is None:
+            missing.append(name)
+        table.add_row(*_plain(name, harness.api), f"[green]{escape(copy.version)}[/green]" if copy
+                      else "[yellow]not installed[/yellow]")
+    console.print(table)
+    if missing:
+        console.print(escape(f"to install: rllm harness install {' '.join(missing)}"), highlight=False)
 
 
 def _plain(*cells: str) -> list[str]:

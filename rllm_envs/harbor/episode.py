@@ -9,7 +9,8 @@ must not count (an RL policy finds such shortcuts).
 
 Every way an episode can fail has a reason of its own, never a silent zero (`HarborVerdict.reason`):
 `sandbox_error` (the sandbox could not start, or broke), `timeout` (the note says: the agent or the verifier),
-`verifier_error` (no reward file, an unreadable reward, the verifier crashed: its output tail is kept), else the
+`verifier_error` (no reward file, an unreadable reward, the verifier crashed: its output tail is kept),
+`harness_error` (a CLI agent run as the agent exited at once: its output tail is kept), else the
 reward (`correct` at 1.0 and above, `wrong_answer` below). An agent that RAISES is not caught: the rollout's
 episode then ends as `error` with its traceback, like any other agent's (the verifier is not run).
 An agent that times out is scored `timeout` without running the verifier: partial work done before the deadline
@@ -33,6 +34,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 
+from rllm_core.harness import HarnessError
 from rllm_core.rewards import RewardResult
 from rllm_core.sandbox import ExecResult, Sandbox, SandboxError, SandboxProvider, aexec, sandbox_scope
 from rllm_core.types import Task
@@ -41,7 +43,7 @@ from rllm_rollout.rollout import Rollout, RolloutConfig, _invoke
 
 __all__ = ["HarborEpisode", "HarborVerdict", "VerdictReason", "run_harbor_episode"]
 
-VerdictReason = Literal["correct", "wrong_answer", "timeout", "verifier_error", "sandbox_error"]
+VerdictReason = Literal["correct", "wrong_answer", "timeout", "verifier_error", "sandbox_error", "harness_error"]
 _TAIL = 4000
 """Characters of the verifier's output kept in the verdict (the last ones: where a traceback ends)."""
 _SETUP_TIMEOUT_S = 60.0
@@ -168,6 +170,10 @@ async def run_harbor_episode(
             return HarborEpisode(HarborVerdict(
                 task_id=task.id, reason="sandbox_error", phase="agent", sandbox_id=sandbox.id,
                 agent_s=time.monotonic() - started, note=f"the sandbox failed while the agent ran: {exc}"))
+        except HarnessError as exc:  # a CLI agent that could not run: its output tail is the note's end
+            return HarborEpisode(HarborVerdict(
+                task_id=task.id, reason="harness_error", phase="agent", sandbox_id=sandbox.id,
+                agent_s=time.monotonic() - started, note=str(exc), verifier_output=exc.tail[-_TAIL:]))
         agent_s = time.monotonic() - started
         verdict = await _verify(sandbox, task, verifier_timeout, mark)
         verdict.agent_s = agent_s

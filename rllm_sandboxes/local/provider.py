@@ -89,6 +89,11 @@ class LocalSandbox:
         self._lock_fd: int | None = lock_fd
         self._live: set[subprocess.Popen[bytes]] = set()
         self._lock = threading.Lock()
+        self.address_space_mb: int | None = None
+        """Raise the address-space limit of later commands above `memory_mb` (a Node program's WebAssembly reserves
+        gigabytes of address space it never touches); None: `memory_mb`."""
+        self.mounts: list[tuple[Path, str]] = []
+        """Host folders bound read-only (`mount_ro`): a harness's installed program, its relay's sockets."""
         self.roots: dict[str, Path] = {workdir: host_dir / "app", "/tests": host_dir / "tests",
                                        "/logs": host_dir / "logs", "/tmp": host_dir / "tmp",
                                        "/root": host_dir / "home"}
@@ -107,7 +112,8 @@ class LocalSandbox:
         if self._slot is None:  # sharing the caller's uid: the limit counts the caller's processes too
             nproc += len(processes_of_uid(os.getuid(), zombies=True))
         cpu = math.ceil(timeout * max(1.0, res.cpus)) + 1
-        wanted = {"as": (resource.RLIMIT_AS, res.memory_mb * 1024 * 1024), "nproc": (resource.RLIMIT_NPROC, nproc),
+        memory_mb = max(res.memory_mb, self.address_space_mb or 0)
+        wanted = {"as": (resource.RLIMIT_AS, memory_mb * 1024 * 1024), "nproc": (resource.RLIMIT_NPROC, nproc),
                   "cpu": (resource.RLIMIT_CPU, cpu), "fsize": (resource.RLIMIT_FSIZE, res.disk_mb * 1024 * 1024)}
         args = [self._provider.prlimit]
         for name, (which, value) in wanted.items():
@@ -133,6 +139,8 @@ class LocalSandbox:
                     os.path.isdir(real):
                 argv += ["--tmpfs", real]
         argv += ["--proc", "/proc", "--dev", "/dev", "--dir", "/run", "--dir", "/home"]
+        for host, remote in self.mounts:
+            argv += ["--ro-bind", str(host), remote]
         for remote, host in sorted(self.roots.items(), key=lambda kv: len(kv[0])):
             argv += ["--bind", str(host), remote]
         argv += ["--remount-ro", "/", "--chdir", cwd, "--", "/bin/bash", "-c", script]
@@ -196,6 +204,23 @@ class LocalSandbox:
         code = _TIMEOUT_EXIT if timed_out else proc.returncode
         return ExecResult(exit_code=code, output=output, timed_out=timed_out,
                           duration_s=time.monotonic() - start, truncated=truncated)
+
+    def mount_ro(self, host: Path, remote: str) -> None:
+        """Bind host folder `host` read-only at `remote` for every later command (a harness's program, installed
+        once on the host, instead of copied into each sandbox). `remote` must lie outside the writable roots."""
+        path = self._abs(remote)
+        if path == "/" or _root_of(path, list(self.roots)) is not None or any(
+                path == p or path.startswith(p.rstrip("/") + "/") for p in ("/proc", "/dev", *self._provider.ro_paths)):
+            raise SandboxError(f"cannot mount {host} at {remote!r}: pick a path outside the sandbox's writable "
+                               f"roots ({', '.join(sorted(self.roots))}) and its system folders, e.g. /opt/NAME")
+        if not Path(host).exists():
+            raise SandboxError(f"cannot mount {host}: it does not exist")
+        self.mounts.append((Path(host), path))
+
+    def unmount(self, remote: str) -> None:
+        """Undo `mount_ro(…, remote)` for later commands (the verifier never sees a harness's folders)."""
+        path = self._abs(remote)
+        self.mounts = [(h, r) for h, r in self.mounts if r != path]
 
     def upload(self, local: Path, remote: str) -> None:
         """Copy a local file or directory (its contents merge into `remote`) to a writable path inside."""

@@ -1,0 +1,3 @@
+#!/bin/bash
+ls /app > /app/listing.txt
+echo "hello world" > /app/hello.txt
