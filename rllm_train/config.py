@@ -29,6 +29,9 @@ class TrainConfig(BaseModel):
     """Benchmark to train on (see `rllm bench list`); on the command line, the positional argument."""
     agent: str | None = None
     """Your @rllm.rollout to train instead of the benchmark's agent: 'path/to/file.py:name' or 'module:name'."""
+    harness: str | None = None
+    """A CLI agent to train, run unchanged in each task's sandbox (`rllm plugins`): claude-code, codex, qwen-code,
+    mini-swe-agent."""
     sandbox: str | None = None
     """Sandbox provider of sandboxed benchmarks (terminal, harbor:PATH): local, docker, modal, daytona."""
     workflow: str = "default"
@@ -230,6 +233,8 @@ class TrainConfig(BaseModel):
             raise ValueError("workflow 'none' runs your agent as the whole episode: pass --agent module:function")
         if self.named_workflow and self.agent:
             raise ValueError(f"give either --workflow {self.workflow} or --agent {self.agent}, not both")
+        if self.harness and (self.agent or self.named_workflow):
+            raise ValueError(f"--harness {self.harness} is the agent: drop --agent / --workflow")
         return self
 
     def dump_yaml(self, path: str | Path) -> None:

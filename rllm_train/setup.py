@@ -36,7 +36,11 @@ def resolve_benchmark(config: TrainConfig, benchmark: Any = None) -> Any:
 def resolve_rollout(config: TrainConfig, benchmark: Any) -> Rollout:
     """--agent when given (a 'module:function', or a name the benchmark knows), else the benchmark's default
     rollout; wrapped by the benchmark (a sandboxed one runs each episode in a `--sandbox` sandbox)."""
-    if config.named_workflow:
+    if config.harness:
+        from rllm_harnesses.rollout import harness_rollout
+
+        rollout = harness_rollout(config.harness)
+    elif config.named_workflow:
         from rllm_envs.workflows import get_workflow
 
         rollout = get_workflow(config.named_workflow)

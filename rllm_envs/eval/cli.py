@@ -30,6 +30,10 @@ def eval_command(
         None, "--concurrency", "-c", help="Episodes in flight at once (default 16, or the benchmark's).",
     ),
     agent: str | None = typer.Option(None, "--agent", help="Your @rllm.rollout as 'package.module:function'."),
+    harness: str | None = typer.Option(
+        None, "--harness", help="A CLI agent run unchanged in each task's sandbox: claude-code, codex, qwen-code, "
+                                "mini-swe-agent (`rllm plugins`).",
+    ),
     workflow: str | None = typer.Option(
         None, "--workflow",
         help="refinement | solver-judge | self-debate; options after a colon: 'solver-judge:n_solvers=3'.",
@@ -68,8 +72,8 @@ def eval_command(
 
     given = dict(benchmark=benchmark, split=split, max_examples=max_examples, base_url=base_url, model=model,
                  api_key=api_key, backend=backend, sandbox=sandbox, attempts=attempts, concurrency=concurrency,
-                 agent=agent, workflow=workflow, output=output, data_dir=data_dir, max_tokens=max_tokens,
-                 max_turns=max_turns, temperature=temperature, timeout_s=timeout, seed=seed,
+                 agent=agent, harness=harness, workflow=workflow, output=output, data_dir=data_dir,
+                 max_tokens=max_tokens, max_turns=max_turns, temperature=temperature, timeout_s=timeout, seed=seed,
                  progress=not no_progress, rollout_workers=rollout_workers, ray_address=ray_address)
     try:
         # An option left out stays unset (not None), so the benchmark's eval_defaults may fill it; a flag wins.

@@ -65,6 +65,8 @@ class EvalOptions(BaseModel):
     attempts: int = 1
     concurrency: int = 16
     agent: str | None = None
+    harness: str | None = None
+    """A CLI agent run unchanged in each task's sandbox (`rllm plugins` lists them): claude-code, codex, ..."""
     workflow: str | None = None
     output: Path | None = None
     data_dir: Path | None = None
@@ -92,9 +94,13 @@ class EvalResult(BaseModel):
 
 
 def _rollout(opts: EvalOptions, bench: Any) -> Rollout:
-    if opts.agent and opts.workflow:
-        raise ConfigError("give either --agent or --workflow, not both")
-    if opts.agent:
+    if sum(bool(x) for x in (opts.agent, opts.workflow, opts.harness)) > 1:
+        raise ConfigError("give one of --agent, --workflow and --harness, not several")
+    if opts.harness:
+        from rllm_harnesses.rollout import harness_rollout
+
+        rollout = harness_rollout(opts.harness)
+    elif opts.agent:
         named = bench.named_agent(opts.agent) if ":" not in opts.agent else None
         rollout = named or load_agent(opts.agent)
     elif opts.workflow:
