@@ -18,10 +18,11 @@ import pytest
 from test_responses_api import comparable
 
 import rllm
-from rllm_core.types import Step
+from rllm_core.types import Step, Trajectory
 from rllm_rollout.capture.messages_chat import messages_to_chat
 from rllm_rollout.gateway import GatewayHandle, UpstreamConfig, start_gateway
 from rllm_testing.fake_upstream import FakeUpstream, encode, start_fake_upstream, token_logprob
+from rllm_train.packing import pack_trajectory
 
 TOOLS = [{"name": "add", "description": "add one", "input_schema": {"type": "object",
                                                                    "properties": {"x": {"type": "integer"}}}}]
@@ -254,6 +255,8 @@ def test_policy_server_multi_turn_messages_continue_token_exactly_through_the_ga
     assert a.trainable and b.trainable and a.endpoint == b.endpoint == "messages"
     assert b.prompt_token_ids[:len(a.prompt_token_ids) + len(a.completion_token_ids)] == \
         a.prompt_token_ids + a.completion_token_ids  # the sampled tokens, not a re-rendering of their text
+    rows, _ = pack_trajectory(Trajectory(steps=[a, b]), 1.0)
+    assert len(rows) == 1  # one training row for the whole Messages conversation
 
 
 def test_policy_server_replies_with_tools_parse_into_tool_use_blocks_and_whole_stream_chunks(policy_server: Any

@@ -215,6 +215,8 @@ class LocalSandbox:
                                f"roots ({', '.join(sorted(self.roots))}) and its system folders, e.g. /opt/NAME")
         if not Path(host).exists():
             raise SandboxError(f"cannot mount {host}: it does not exist")
+        if self._slot is not None:  # the sandbox's own uid opens the bind source
+            _check_traversable(Path(host))
         self.mounts.append((Path(host), path))
 
     def unmount(self, remote: str) -> None:
