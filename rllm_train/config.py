@@ -13,7 +13,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from rllm_core.errors import ConfigError
-from rllm_train.algorithms.names import AGG_MODES, ESTIMATORS, LOSSES, REJECTION_MODES, requires_groups
+from rllm_train.algorithms.names import AGG_MODES, ESTIMATORS, LOSSES, REJECTION_MODES, parse_threshold, requires_groups
 from rllm_train.roles import check_policy_spec, parse_role_map
 
 __all__ = ["TrainConfig", "load_config", "load_run_config"]
@@ -91,6 +91,11 @@ class TrainConfig(BaseModel):
     """KL estimator: k1 (log ratio) or k3 (low-variance, non-negative)."""
     rejection: str = "none"
     """Rejection sampling: none | group (drop groups with all-equal rewards) | episode (per task)."""
+    rollout_is: Literal["none", "token", "sequence"] = "none"
+    """Off-policy correction: weight each token's loss by π_prox/μ (the trainer's recomputed logprobs over the
+    sampler's), per token or per sequence; with the ppo loss, decoupled PPO. Needs --recompute-old-logprobs."""
+    rollout_is_threshold: str = "2.0"
+    """--rollout-is weights: truncated at C ('2.0', TIS) or zeroed outside a range ('0.5_2.0', masked IS)."""
     recompute_old_logprobs: bool = False
     """Take π_old from the trainer's own forward pass (ratio 1 at the single update per batch) instead of the
     sampler's logprobs: use it when the sampler's numerics differ from the trainer's (vLLM, bf16 serving)."""
@@ -233,6 +238,13 @@ class TrainConfig(BaseModel):
             raise ValueError("workflow 'none' runs your agent as the whole episode: pass --agent module:function")
         if self.named_workflow and self.agent:
             raise ValueError(f"give either --workflow {self.workflow} or --agent {self.agent}, not both")
+        if self.rollout_is != "none" and not self.recompute_old_logprobs:
+            raise ValueError(f"--rollout-is {self.rollout_is} weights by π_prox/μ, the trainer's logprobs over the "
+                             "sampler's: add --recompute-old-logprobs (without it π_prox is μ and every weight is 1)")
+        try:
+            parse_threshold(self.rollout_is_threshold)
+        except ConfigError as exc:
+            raise ValueError(str(exc)) from None
         if self.harness and (self.agent or self.named_workflow):
             raise ValueError(f"--harness {self.harness} is the agent: drop --agent / --workflow")
         return self

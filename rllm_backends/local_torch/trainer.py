@@ -46,6 +46,7 @@ from rllm_backends.local_torch.packed_rows import first_trained
 from rllm_core.errors import ConfigError, TrainingError
 from rllm_serve.heap import release_free_memory
 from rllm_train.algorithms import policy_loss_with_metrics
+from rllm_train.algorithms.correction import correction_weights, offpolicy_metrics
 from rllm_train.backend import parse_backend_options
 from rllm_train.config import TrainConfig
 from rllm_train.packing import TrainRow
@@ -59,6 +60,9 @@ ROLE_LORA_RANK = 16
 
 _BATCH_NORMALISED = frozenset({"pg_loss", "kl"})
 """Micro-batch metrics divided by the whole batch's denominators (they add up); the rest are micro-batch means."""
+_CORRECTION_MEANS = frozenset({"is_mean", "is_fraction_high", "is_fraction_low", "is_fraction_masked", "kl",
+                               "k3_kl", "chi2_token"})
+"""Off-policy correction metrics that are token means, so they average over micro-batches like the others."""
 
 MICRO_BATCH_TOKENS = "micro_batch_tokens"
 """`backend_options` key (LocalOptions): tokens per packed micro-batch (default: --micro-batch-size ×
@@ -299,14 +303,24 @@ class TorchTrainer:
             with torch.autocast(device_type=dev.type, dtype=torch.bfloat16, enabled=cfg.bf16, cache_enabled=False):
                 logp_BT, ent_BT, ref_BT = (self._score_packed(chunk, start, temperature) if self.packed
                                            else self._score_padded(chunk, start, temperature))
+                behaviour_BT = old_BT  # the sampler's: μ
                 if cfg.recompute_old_logprobs:
                     old_BT = logp_BT.detach()
                 elif all(r.old_logprobs is not None for r in chunk):  # π_old recomputed upstream of us
                     old_BT = collate([r.old_logprobs or [] for r in chunk], 0.0, torch.float32, dev)[:, start:]
+                weights_BT, corr = None, {}
+                if cfg.rollout_is != "none":  # off-policy correction (decoupled PPO with ppo): π_prox / μ
+                    weights_BT, corr = correction_weights(old_BT.float() - behaviour_BT, mask_BT, cfg.rollout_is,
+                                                          cfg.rollout_is_threshold)
+                    corr = {f"rollout_corr/{k}": v for k, v in {
+                        **corr, **offpolicy_metrics(old_BT.float(), behaviour_BT, mask_BT)}.items()
+                        if k in _CORRECTION_MEANS}
                 loss, metrics = policy_loss_with_metrics(
                     cfg.loss, logp_BT, old_BT, adv_BT, mask_BT, cfg.agg, cfg.clip_low, cfg.clip_high, cfg.clip_c,
                     ref_logprobs=ref_BT, kl_coef=cfg.kl_coef, kl_type=cfg.kl_type,
-                    token_denominator=token_denom, seq_denominator=seq_denom, norm_tokens=cfg.max_tokens)
+                    token_denominator=token_denom, seq_denominator=seq_denom, norm_tokens=cfg.max_tokens,
+                    is_weights=weights_BT)
+                metrics.update(corr)
             if math.isfinite(float(loss.detach())):
                 loss.backward()
         except (torch.OutOfMemoryError, RuntimeError) as exc:

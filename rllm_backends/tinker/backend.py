@@ -118,7 +118,8 @@ class TinkerBackend(BackendBase):
                    "chooses the machines it trains on",
                    "recompute_old_logprobs": "Tinker's sampler reports the logprobs the update uses as π_old; "
                                              "there is no separate recompute pass",
-                   "device": "the update runs on the Tinker service; --device only matters locally"})
+                   "device": "the update runs on the Tinker service; --device only matters locally",
+                   "rollout_is": "π_prox needs a recompute pass Tinker does not make (see recompute_old_logprobs)"})
 
     # ------------------------------------------------------------------ setup
     def setup(self, config: TrainConfig) -> None:

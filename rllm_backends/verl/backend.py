@@ -91,7 +91,9 @@ class VerlBackend(BackendBase):
                               "ref_log_prob); the mapping onto use_kl_loss / kl_loss_type is tested, the reference "
                               "worker is not wired",
                    "lora_rank": "LoRA runs on verl's GPU path only (--device cuda)",
-                   "recompute_old_logprobs": "on verl's GPU path π_old is the sampler's (rollout_log_probs)"})
+                   "recompute_old_logprobs": "on verl's GPU path π_old is the sampler's (rollout_log_probs)",
+                   "rollout_is": "not mapped onto verl's algorithm.rollout_correction yet (the formulas are equal: "
+                                 "tests/test_offpolicy_correction.py)"})
 
     # ------------------------------------------------------------------ setup
     def setup(self, config: TrainConfig) -> None:

@@ -105,8 +105,11 @@ def policy_loss_with_metrics(
     token_denominator: float | None = None,
     seq_denominator: float | None = None,
     norm_tokens: float | None = None,
+    is_weights: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, dict[str, float]]:
-    """The policy loss (scalar, with grad) and its metrics: pg_loss, clip_frac, clip_frac_lower, approx_kl, kl."""
+    """The policy loss (scalar, with grad) and its metrics: pg_loss, clip_frac, clip_frac_lower, approx_kl, kl.
+    `is_weights` [B, T] (detached; `correction.correction_weights`) scale each token's policy loss before
+    aggregation, as verl's `rollout_is_weights` do: off-policy correction, decoupled PPO with the PPO loss."""
     if name not in LOSSES:
         raise ConfigError(f"unknown policy loss {name!r}; choose one of {', '.join(LOSSES)}")
     if clip_c <= 1.0:
@@ -145,6 +148,8 @@ def policy_loss_with_metrics(
         else:
             loss_BT = clipped_BT
 
+    if is_weights is not None:
+        loss_BT = loss_BT * is_weights.to(loss_BT.dtype).detach()
     pg_loss = agg_loss(loss_BT, mask, agg, **agg_kw)
     total = pg_loss
     metrics = {

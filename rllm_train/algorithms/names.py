@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from rllm_core.errors import ConfigError
 
-__all__ = ["AGG_MODES", "ESTIMATORS", "GROUP_ESTIMATORS", "LOSSES", "REJECTION_MODES", "requires_groups"]
+__all__ = ["AGG_MODES", "ESTIMATORS", "GROUP_ESTIMATORS", "LOSSES", "REJECTION_MODES", "parse_threshold",
+           "requires_groups"]
 
 ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce", "reinforce_plus_plus_baseline")
 GROUP_ESTIMATORS = frozenset({"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"})
@@ -22,3 +23,18 @@ def requires_groups(estimator: str) -> bool:
     """True when the estimator needs ≥ 2 attempts per task to produce any signal."""
     check_estimator(estimator)
     return estimator in GROUP_ESTIMATORS
+
+
+def parse_threshold(spec: str | float) -> tuple[float, float | None]:
+    """(upper, lower or None): "2.0" (or 2.0) truncates at 2; "0.5_2.0" masks outside [0.5, 2] (verl's syntax)."""
+    if isinstance(spec, bool):
+        raise ConfigError("the importance-weight threshold is a number ('2.0') or a range ('0.5_2.0'), not a bool")
+    text = str(spec).strip()
+    try:
+        lower, upper = (float(x) for x in text.split("_", 1)) if "_" in text else (None, float(text))
+    except ValueError:
+        raise ConfigError(f"importance-weight threshold {spec!r}: write a number ('2.0') or a range "
+                          "('0.5_2.0')") from None
+    if upper <= 0 or (lower is not None and not 0 < lower <= upper):
+        raise ConfigError(f"importance-weight threshold {spec!r}: bounds must be positive and lower <= upper")
+    return upper, lower
