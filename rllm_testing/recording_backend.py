@@ -8,7 +8,7 @@ import json
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from rllm_core.errors import TrainingError
 from rllm_train.backend import BackendBase, BackendCapabilities, PolicyEndpoint, TrainStepResult
@@ -26,18 +26,23 @@ class RecordingBackend(BackendBase):
     For loop tests against the fake upstream. `fail_at_step` makes train_step raise TrainingError (as a NaN
     loss would) at that 1-based step count; `step_delay_s` sleeps inside train_step (to kill it mid-step);
     `asynchronous` returns a Future from train_step (the update then runs in a thread), as a remote backend
-    would; `replicas` serves the policy from several upstream URLs. `events` logs the lifecycle calls in order.
+    would; `replicas` serves the policy from several upstream URLs; `upstream` (a FakeUpstream) reports each synced
+version, as a policy server would. `events` logs the lifecycle calls in order.
     """
 
     name = "recording"
 
     def __init__(self, base_url: str, model: str = "default", *, fail_at_step: int | None = None,
                  step_delay_s: float = 0.0, asynchronous: bool = False, replicas: Sequence[str] = (),
-                 caps: BackendCapabilities | None = None) -> None:
+                 caps: BackendCapabilities | None = None, upstream: Any = None) -> None:
         self.base_url, self.model = base_url, model
         self.fail_at_step, self.step_delay_s = fail_at_step, step_delay_s
         self.asynchronous = asynchronous
         self.replicas = tuple(replicas)
+        self.upstream = upstream
+        """A FakeUpstream whose reported policy_version follows each sync (as a real policy server's does)."""
+        self.trained_at: list[int] = []
+        """The version the trainer held at each update (staleness checks)."""
         self.caps = caps or BackendCapabilities(async_train_step=asynchronous)
         self.steps_done = 0
         self.version = 0
@@ -63,6 +68,7 @@ class RecordingBackend(BackendBase):
         self.events.append("after_rollouts")
 
     def _update(self, rows: list[TrainRow]) -> dict[str, float]:
+        self.trained_at.append(self.version)
         if self.step_delay_s:
             time.sleep(self.step_delay_s)
         if self.fail_at_step is not None and self.steps_done + 1 == self.fail_at_step:
@@ -83,6 +89,8 @@ class RecordingBackend(BackendBase):
 
     def sync_weights(self) -> int:
         self.version += 1
+        if self.upstream is not None:
+            self.upstream.policy_version = self.version
         self.events.append("sync_weights")
         return self.version
 

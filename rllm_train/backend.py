@@ -113,6 +113,8 @@ class BackendCapabilities:
     role_adapters: bool = False
     """It can train a LoRA adapter per role in one step and serve them all, picked per request (--roles)."""
     recompute_old_logprobs: bool = True
+    async_rollouts: bool = False
+    """Its policy endpoint keeps serving while it trains and takes new weights without draining (--max-staleness)."""
     rollout_is: bool = False
     """It weights the policy loss by π_prox/μ (--rollout-is token|sequence: off-policy correction)."""
     devices: frozenset[str] = frozenset({"cpu", "cuda"})
@@ -148,6 +150,8 @@ def check_capabilities(config: TrainConfig, caps: BackendCapabilities, backend: 
                "none: it trains one policy that every role shares")
     if config.recompute_old_logprobs and not caps.recompute_old_logprobs:
         refuse("recompute_old_logprobs", "on", "off")
+    if config.max_staleness > 0 and not caps.async_rollouts:
+        refuse("max_staleness", config.max_staleness, "0: its sampler cannot serve while it trains")
     if config.rollout_is != "none" and not caps.rollout_is:
         refuse("rollout_is", config.rollout_is, "none")
     if config.device.split(":", 1)[0] not in caps.devices:

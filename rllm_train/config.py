@@ -91,6 +91,9 @@ class TrainConfig(BaseModel):
     """KL estimator: k1 (log ratio) or k3 (low-variance, non-negative)."""
     rejection: str = "none"
     """Rejection sampling: none | group (drop groups with all-equal rewards) | episode (per task)."""
+    max_staleness: int = Field(0, ge=0)
+    """Asynchronous RL: rollouts run up to K steps ahead of the update, so neither waits; a trajectory with a
+    token more than K policy versions behind the trainer is dropped (counted). 0: the synchronous loop."""
     rollout_is: Literal["none", "token", "sequence"] = "none"
     """Off-policy correction: weight each token's loss by π_prox/μ (the trainer's recomputed logprobs over the
     sampler's), per token or per sequence; with the ppo loss, decoupled PPO. Needs --recompute-old-logprobs."""

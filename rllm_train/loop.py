@@ -1,6 +1,7 @@
 """The training loop, as a short list of stage calls:
 
-    sample tasks → rollouts (n per task, through the gateway; the backend's before/after_rollouts around them)
+    sample tasks → rollouts (n per task, through the gateway; the backend's before/after_rollouts around them;
+    with --max-staleness K they run K steps ahead of the update: pipeline.py; stale trajectories dropped)
     → rewards → groups → rejection filter → advantages → pack → backend.train_step (may return a future: the
     step's episodes are written while the update runs) → backend.sync_weights → metrics → validate → checkpoint
 
@@ -36,6 +37,7 @@ from rllm_train.config import TrainConfig, load_config
 from rllm_train.display import TrainDisplay
 from rllm_train.metrics import PhaseTimer, episode_metrics
 from rllm_train.packing import pack_groups
+from rllm_train.pipeline import RolloutPipeline, drop_stale
 from rllm_train.roles import check_recorded_roles, weigh_advantages
 from rllm_train.rollouts import RolloutStage
 from rllm_train.rundir import RunDir
@@ -82,6 +84,11 @@ class _Stages:
     run: RunDir
     train_tasks: Sequence[Task]
     val_tasks: list[Task]
+    pipeline: RolloutPipeline
+    trainer_version: int = 0
+    """The policy version the trainer holds (what staleness is measured against)."""
+    overlap: bool = False
+    """--max-staleness > 0 with a backend whose update blocks: it runs on a worker thread, rollouts go on."""
     updated_unsaved: bool = False
     roles_checked: bool = False
     """Per-role options are checked against the roles the first step's episodes played (`check_recorded_roles`)."""
@@ -95,10 +102,11 @@ class _Stages:
         self.updated_unsaved = False
         with timer("step"):
             display.phase(f"step {step}: rollouts")
-            with timer("rollout"):
-                tasks = sample_tasks(self.train_tasks, config.batch_size, config.seed, step)
-                episodes = await self.rollouts.run(tasks, attempts=config.group_size)
+            with timer("rollout"):  # with --max-staleness: only the wait for episodes started earlier
+                episodes, _ = await self.pipeline.episodes(step)
             metrics.update(episode_metrics(episodes))
+            if config.max_staleness:
+                metrics.update(drop_stale(episodes, self.trainer_version, config.max_staleness))
             if not self.roles_checked:  # the first step shows which roles the agent plays
                 rollout = self.rollouts.rollout
                 check_recorded_roles(episodes, per_role_options(config), f"agent {rollout.name!r}",
@@ -118,13 +126,18 @@ class _Stages:
             else:
                 display.phase(f"step {step}: train on {len(rows)} rows")
                 with timer("train"):
-                    update = backend.train_step(rows)  # a remote backend returns at once: overlap our I/O
+                    if self.overlap:  # the event loop keeps driving the next steps' rollouts meanwhile
+                        update = await asyncio.to_thread(backend.train_step, rows)
+                    else:
+                        update = backend.train_step(rows)  # a remote backend returns at once: overlap our I/O
                     self._save_episodes(step, episodes)
                     metrics.update(await resolve_metrics(update))
                     self.updated_unsaved = True  # the weights moved: until this step is logged, no rescue save
                 display.phase(f"step {step}: sync weights")
                 with timer("sync"):
-                    metrics["policy_version"] = backend.sync_weights()
+                    metrics["policy_version"] = (await asyncio.to_thread(backend.sync_weights) if self.overlap
+                                                 else backend.sync_weights())
+                    self.trainer_version = int(metrics["policy_version"])
         metrics.update(timer.metrics())
         metrics["throughput/tokens_per_s"] = metrics.get("pack/tokens", 0.0) / max(metrics["time/step_s"], 1e-9)
         if config.rollout_workers:
@@ -287,7 +300,14 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
             if resume:
                 start, result.last_checkpoint = _resume(run, backend)
         result.steps_done = start
-        stages = _Stages(config, stage, backend, run, train_tasks, val_tasks)
+        async def step_rollouts(step: int) -> list[Episode]:
+            tasks = sample_tasks(train_tasks, config.batch_size, config.seed, step)
+            return await stage.run(tasks, attempts=config.group_size)
+
+        pipeline = RolloutPipeline(step_rollouts, config.max_staleness, config.max_steps)
+        stages = _Stages(config, stage, backend, run, train_tasks, val_tasks, pipeline,
+                         trainer_version=backend.policy_endpoint().policy_version,
+                         overlap=config.max_staleness > 0 and not backend.capabilities().async_train_step)
         with TrainDisplay(console, config.max_steps, start, bar=progress, echo=run.echo) as display:
             if start == 0 and val_tasks:
                 result.evals.append(await stages.validate(0, display))
@@ -325,6 +345,8 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
         failure = f"{type(exc).__name__}: {exc}"
         raise
     finally:
+        if stages is not None:  # episodes started for steps that will not train: cancelled, never written
+            await stages.pipeline.close()
         try:
             backend.shutdown()  # before the stage: a backend's actors live on the Ray the stage may own
             stack.close()

@@ -44,7 +44,7 @@ _PANELS: dict[str, tuple[str, ...]] = {
     "Algorithm": ("algo", "role_weights", "roles", "loss", "agg", "clip_low", "clip_high", "clip_c", "kl_coef",
                   "kl_type", "rejection", "recompute_old_logprobs", "rollout_is", "rollout_is_threshold"),
     "Batch and sampling": ("group_size", "batch_size", "micro_batch_size", "max_seq_len", "overlong", "temperature",
-                           "top_p", "max_tokens", "concurrency", "episode_timeout_s"),
+                           "top_p", "max_tokens", "concurrency", "episode_timeout_s", "max_staleness"),
     "Distributed (Ray)": ("rollout_workers", "ray_address"),
     "Optimizer": ("lr", "weight_decay", "warmup_steps", "lr_schedule", "max_grad_norm"),
     "On disk": ("output", "save_every", "keep_checkpoints", "save_episodes"),

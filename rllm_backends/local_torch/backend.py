@@ -48,7 +48,7 @@ class LocalTorchBackend(BackendBase):
         """Every loss option (the loss is ours, computed here); the server holds its own copy of the weights, so
         nothing needs waking or freeing around rollouts; train_step is synchronous; one LoRA adapter per role
         (--roles), all served at once."""
-        return BackendCapabilities(role_adapters=True, rollout_is=True)
+        return BackendCapabilities(role_adapters=True, rollout_is=True, async_rollouts=True)
 
     def setup(self, config: TrainConfig) -> None:
         import torch
@@ -91,7 +91,9 @@ class LocalTorchBackend(BackendBase):
         # the server's packed copy of the weights is not needed while the trainer updates (rollouts are done;
         # sync_weights brings the new weights): dropping it takes a model's worth off the update's peak (the
         # engine declines for a peft server, --roles, whose updates carry only the adapters)
-        released = self.server.engine.release_weights()
+        # with --max-staleness the server samples the next steps meanwhile: it keeps its weights
+        asynchronous = bool(self.config and self.config.max_staleness)
+        released = False if asynchronous else self.server.engine.release_weights()
         release_free_memory()  # what the rollouts freed: the update's peak then starts from what is held
         try:
             metrics = self.trainer.train_step(rows)

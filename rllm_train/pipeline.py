@@ -1,0 +1,89 @@
+"""Rollouts ahead of the trainer: with `--max-staleness K` (K ≥ 1) the episodes of steps s+1 … s+K run while step s
+trains, so neither side waits for the other; K = 0 is the synchronous loop (each step's rollouts, then its update).
+
+`RolloutPipeline.episodes(step)` returns the step's episodes (started earlier when K ≥ 1) and starts the next K
+steps' before returning, so they overlap the update that follows. The policy that samples them is whatever the
+server holds at the time: weights reach it without draining it (the backend's swap modes), and a Step that spans a
+swap records each token's version. `drop_stale` then removes every trajectory holding a token more than K versions
+behind the trainer (counted in `async/stale_dropped`), so no row older than K reaches the update; the staleness of
+what is kept is logged (`async/staleness_mean` / `_max`).
+
+Episodes started for steps the run never reaches (the last steps, a crash, Ctrl-C) are cancelled and never
+written: a resumed run draws the same tasks for those steps (tasks are a function of seed and step) and runs them
+again, so an episode is neither lost nor counted twice.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from collections.abc import Callable, Coroutine, Sequence
+from typing import Any
+
+from rllm_core.types import Episode, Step
+
+__all__ = ["RolloutPipeline", "drop_stale", "oldest_version"]
+
+
+class RolloutPipeline:
+    """The producer side of the loop (module docstring). `start_step(step)` is the coroutine that runs a step's
+    rollouts; steps past `last_step` are never started."""
+
+    def __init__(self, start_step: Callable[[int], Coroutine[Any, Any, list[Episode]]], max_staleness: int,
+                 last_step: int) -> None:
+        self.start_step, self.k, self.last_step = start_step, max_staleness, last_step
+        self._running: dict[int, asyncio.Task[list[Episode]]] = {}
+
+    def _start(self, step: int) -> None:
+        if step <= self.last_step and step not in self._running:
+            self._running[step] = asyncio.ensure_future(self.start_step(step))
+
+    async def episodes(self, step: int) -> tuple[list[Episode], float]:
+        """(the step's episodes, seconds the trainer waited for them)."""
+        if self.k == 0:
+            started = time.perf_counter()
+            return await self.start_step(step), time.perf_counter() - started
+        self._start(step)
+        started = time.perf_counter()
+        episodes = await self._running.pop(step)
+        waited = time.perf_counter() - started
+        for ahead in range(step + 1, step + self.k + 1):  # they sample while this step trains
+            self._start(ahead)
+        return episodes, waited
+
+    async def close(self) -> None:
+        """Cancel the episodes of steps that will not be trained (they are re-run by a resume)."""
+        running, self._running = list(self._running.values()), {}
+        for task in running:
+            task.cancel()
+        for task in running:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+
+
+def oldest_version(steps: Sequence[Step]) -> int | None:
+    """The oldest policy version any token of `steps` was sampled with (per-token versions where recorded)."""
+    versions = [v for s in steps for v in (s.token_policy_versions or
+                                           ([s.policy_version] if s.policy_version is not None else []))]
+    return min(versions) if versions else None
+
+
+def drop_stale(episodes: list[Episode], trainer_version: int, max_staleness: int) -> dict[str, float]:
+    """Remove (in place) trajectories with a token more than `max_staleness` versions behind `trainer_version`;
+    the counts and the staleness of what is kept."""
+    dropped, kept = 0, []
+    for episode in episodes:
+        fresh = []
+        for trajectory in episode.trajectories:
+            oldest = oldest_version(trajectory.steps)
+            if oldest is not None and trainer_version - oldest > max_staleness:
+                dropped += 1
+                continue
+            fresh.append(trajectory)
+            if oldest is not None:
+                kept.append(trainer_version - oldest)
+        episode.trajectories = fresh
+    return {"async/stale_dropped": float(dropped),
+            "async/staleness_mean": sum(kept) / len(kept) if kept else 0.0,
+            "async/staleness_max": float(max(kept, default=0))}
