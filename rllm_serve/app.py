@@ -175,16 +175,8 @@ class _Handlers:
         prompt_ids = self._chat_prompt(chat)
         builder = ResponsesBuilder(self.tokenizer, self._route(req)[1], prompt_ids, req,
                                    parse_tools=bool(chat.tools))
-        gen, queue = self._submit(req, prompt_ids, builder.id, None)
-        try:
-            if req.stream:
-                return await stream_response(request, queue, builder)
-            [result] = await _collect(queue, 1)
-            if result.finish_reason in ("error", "abort"):
-                return _error(500, f"generation failed: {result.error}")
-            return web.json_response(builder.full(result))
-        finally:
-            gen.cancel()
+        return await self._one_reply(request, req, prompt_ids, builder.id,
+                                     lambda queue: stream_response(request, queue, builder), builder.full)
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         """`POST /v1/messages` (Anthropic): rendered and generated as the chat call it is (messages_api.py)."""
@@ -198,14 +190,20 @@ class _Handlers:
         builder = ResponseBuilder(self.tokenizer, self._route(req)[1], True, prompt_ids, False, False,
                                   parse_tools=bool(req.tools))  # our fields come from the results themselves
         call = MessagesCall(builder, body)
-        gen, queue = self._submit(req, prompt_ids, builder.id, None)
+        return await self._one_reply(request, req, prompt_ids, builder.id,
+                                     lambda queue: stream_messages(request, queue, call), call.message)
+
+    async def _one_reply(self, request: web.Request, req: ChatRequest | ResponsesRequest, prompt_ids: list[int],
+                         request_id: str, stream: Any, whole: Any) -> web.StreamResponse:
+        """One choice, streamed by `stream(queue)` or answered whole as `whole(result)` (Responses, Messages)."""
+        gen, queue = self._submit(req, prompt_ids, request_id, None)
         try:
             if req.stream:
-                return await stream_messages(request, queue, call)
+                return await stream(queue)
             [result] = await _collect(queue, 1)
             if result.finish_reason in ("error", "abort"):
                 return _error(500, f"generation failed: {result.error}")
-            return web.json_response(call.message(result))
+            return web.json_response(whole(result))
         finally:
             gen.cancel()
 

@@ -31,6 +31,7 @@ from rllm_rollout.capture.assemble import CallAssembler, error_step, request_mes
 from rllm_rollout.capture.choices import Choice
 from rllm_rollout.capture.messages_chat import ChatStreamToMessages, chat_to_message, thinking_blocks
 from rllm_rollout.capture.request import CallRequest
+from rllm_rollout.capture.responses import usage_with_chat_names
 from rllm_rollout.capture.retokenize import retokenize_step
 from rllm_rollout.capture.sse import data_of, event_lines
 
@@ -62,18 +63,6 @@ def _int_or_none(v: Any) -> int | None:
         return None if v is None or isinstance(v, bool) else int(v)
     except (TypeError, ValueError, OverflowError):
         return None
-
-
-def _usage(u: Any) -> dict[str, Any] | None:
-    """Messages usage plus the chat names of its counts (what token accounting reads)."""
-    if not isinstance(u, dict):
-        return None
-    out = dict(u)
-    if "input_tokens" in u:
-        out.setdefault("prompt_tokens", u["input_tokens"])
-    if "output_tokens" in u:
-        out.setdefault("completion_tokens", u["output_tokens"])
-    return out
 
 
 def _metadata(call: CallRequest, source: dict[str, Any], reply_thinking: list[dict[str, Any]]) -> dict[str, Any]:
@@ -294,9 +283,9 @@ class MessagesAssembler(CallAssembler):
             messages=request_messages(call), params=params, prompt_token_ids=prompt_ids,
             completion_token_ids=ids, logprobs=lps, text="".join(text) if text else (None if tool_calls else ""),
             tool_calls=tool_calls or None, finish_reason=STOP_TO_FINISH.get(str(stop), stop) if stop else None,
-            usage=_usage(self._usage), latency_s=time.perf_counter() - call.t0, started_at=call.started_at,
-            policy_version=_int_or_none(self._ids.get("policy_version")), token_policy_versions=versions,
-            token_source=source, error=error, metadata=metadata,
+            usage=usage_with_chat_names(self._usage), latency_s=time.perf_counter() - call.t0,
+            started_at=call.started_at, policy_version=_int_or_none(self._ids.get("policy_version")),
+            token_policy_versions=versions, token_source=source, error=error, metadata=metadata,
         )
         return retokenize_step(step, self.tokenizer)
 

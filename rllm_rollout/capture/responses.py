@@ -29,7 +29,7 @@ from rllm_rollout.capture.request import CallRequest
 from rllm_rollout.capture.responses_input import chat_tools, input_to_messages, tool_call_of
 from rllm_rollout.capture.retokenize import retokenize_step
 
-__all__ = ["ResponsesAssembler"]
+__all__ = ["ResponsesAssembler", "usage_with_chat_names"]
 
 _TERMINAL = {"response.completed", "response.incomplete", "response.failed"}
 _TERMINAL_BYTES = tuple(t.encode() for t in _TERMINAL)
@@ -219,7 +219,7 @@ class ResponsesAssembler(CallAssembler):
             agent=call.agent, endpoint="responses", model=body.get("model") or resp.get("model"),
             messages=input_to_messages(body), params=call.params, prompt_token_ids=prompt_ids,
             completion_token_ids=ids, logprobs=lps, text="".join(text) if text else (None if tool_calls else ""),
-            tool_calls=tool_calls or None, finish_reason=finish, usage=_usage(resp.get("usage")),
+            tool_calls=tool_calls or None, finish_reason=finish, usage=usage_with_chat_names(resp.get("usage")),
             latency_s=time.perf_counter() - call.t0, started_at=call.started_at,
             policy_version=_int_or_none(resp.get("policy_version")), token_source=source, error=error,
             metadata=metadata,
@@ -269,8 +269,8 @@ def _finish(resp: dict[str, Any], tool_calls: bool, error: str | None) -> tuple[
     return None, error
 
 
-def _usage(u: Any) -> dict[str, Any] | None:
-    """The response's usage, plus the chat names for its counts (what token accounting reads)."""
+def usage_with_chat_names(u: Any) -> dict[str, Any] | None:
+    """A Responses or Messages usage, plus the chat names for its counts (what token accounting reads)."""
     if not isinstance(u, dict):
         return None
     out = dict(u)
