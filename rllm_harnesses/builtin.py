@@ -32,19 +32,26 @@ _COMMON_ENV = {"HTTP_PROXY": _PROXY, "HTTPS_PROXY": _PROXY, "http_proxy": _PROXY
 SANDBOX_PYTHON = "/usr/bin/python3"
 
 
-class _NpmHarness:
+class _PinnedHarness:
+    """A pinned package installed the way its users do: `registry_command` says how (shown when it is missing)."""
+
     name: ClassVar[str]
     api: ClassVar[HarnessApi]
     package: ClassVar[str]
     version: ClassVar[str]
-    bin: ClassVar[str]
+    registry_command: ClassVar[str]
 
     @property
     def install_command(self) -> str:
-        return f"rllm harness install {self.name}   # npm install {self.package}@{self.version}"
+        return f"rllm harness install {self.name}   # {self.registry_command.format(p=self.package, v=self.version)}"
 
     def installed(self) -> HarnessInstall | None:
         return installed_copy(self.name, self.version)
+
+
+class _NpmHarness(_PinnedHarness):
+    bin: ClassVar[str]
+    registry_command = "npm install {p}@{v}"
 
     def install(self) -> HarnessInstall:
         return npm_install(self.name, self.package, self.version)
@@ -115,7 +122,7 @@ class QwenCode(_NpmHarness):
         return HarnessLaunch(command, env, {"/root/.qwen/settings.json": settings})
 
 
-class MiniSweAgent:
+class MiniSweAgent(_PinnedHarness):
     """mini-swe-agent (`mini -y --exit-immediately`): OpenAI Chat through litellm, text-based actions.
 
     Its text-based mode (mini_textbased.yaml: one fenced bash block per reply, no `tools` in the request) is the
@@ -123,13 +130,7 @@ class MiniSweAgent:
     server refuses `tools` for them."""
 
     name, api, package, version = "mini-swe-agent", "chat", "mini-swe-agent", "2.4.6"
-
-    @property
-    def install_command(self) -> str:
-        return f"rllm harness install {self.name}   # pip install {self.package}=={self.version}"
-
-    def installed(self) -> HarnessInstall | None:
-        return installed_copy(self.name, self.version)
+    registry_command = "pip install {p}=={v}"
 
     def install(self) -> HarnessInstall:
         return pip_install(self.name, self.package, self.version, _sandbox_python_version())
