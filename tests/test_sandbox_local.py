@@ -321,7 +321,10 @@ def test_sigterm_of_the_run_closes_its_sandboxes(sandbox_root: Path) -> None:
               f"sb = LocalSandboxProvider(root={str(sandbox_root)!r}).start(EnvironmentSpec(name='term'))\n"
               "threading.Thread(target=sb.exec, args=('sleep 987.6',), daemon=True).start()\n"
               "print(sb.host_dir, sb.host_uid, flush=True)\n"
-              "time.sleep(60)\n")
+              # a run's main thread wakes often (its event loop); CPython runs a handler only in the main thread,
+              # so a SIGTERM the kernel gives the exec thread waits for the main thread's next bytecode: one long
+              # sleep would hide the handler for its whole length (seen: the child outlived the 60 s bound)
+              "for _ in range(600):\n    time.sleep(0.1)\n")
     child = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
     try:
         assert child.stdout is not None
