@@ -57,6 +57,7 @@ class MessagesCall:
         self.stops = [s for s in body.get("stop_sequences") or [] if isinstance(s, str)]
         self.want_ids = bool(body.get("return_token_ids"))
         self.want_lp = bool(body.get("logprobs"))
+        self.message_id = builder.id.replace("chatcmpl-", "msg_", 1)
 
     def ours(self, r: ChoiceResult, *, prompt: bool) -> dict[str, Any]:
         """rllm's fields for this reply, as asked (module docstring)."""
@@ -73,7 +74,7 @@ class MessagesCall:
     def message(self, r: ChoiceResult) -> dict[str, Any]:
         chat = self.builder.full([r])
         message = chat_to_message(chat, self.stops)
-        message["id"] = chat["id"].replace("chatcmpl-", "msg_", 1)
+        message["id"] = self.message_id
         return {**message, **self.ours(r, prompt=True)}
 
 
@@ -83,8 +84,7 @@ async def stream_messages(request: web.Request, queue: asyncio.Queue[TokenEvent]
     resp = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache"})
     await resp.prepare(request)
     builder = call.builder
-    message_id = builder.id.replace("chatcmpl-", "msg_", 1)
-    to_messages = ChatStreamToMessages(call.stops, message_id)
+    to_messages = ChatStreamToMessages(call.stops, call.message_id)
     live = not builder.parse_tools
     result = ChoiceResult(0)
 
@@ -98,7 +98,7 @@ async def stream_messages(request: web.Request, queue: asyncio.Queue[TokenEvent]
                 event["message"]["usage"]["input_tokens"] = len(builder.prompt_ids)
             await resp.write(f"event: {event['type']}\ndata: {json.dumps(event)}\n\n".encode())
 
-    base = {"id": message_id, "model": builder.model}
+    base = {"id": call.message_id, "model": builder.model}
     await send(to_messages.feed({**base, "choices": []}))
     while result.finish_reason is None:
         ev = await queue.get()

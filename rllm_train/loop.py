@@ -105,14 +105,16 @@ class _Stages:
             with timer("rollout"):  # with --max-staleness: only the wait for episodes started earlier
                 episodes, _ = await self.pipeline.episodes(step)
             metrics.update(episode_metrics(episodes))
-            if config.max_staleness:
-                metrics.update(drop_stale(episodes, self.trainer_version, config.max_staleness))
             if not self.roles_checked:  # the first step shows which roles the agent plays
                 rollout = self.rollouts.rollout
                 check_recorded_roles(episodes, per_role_options(config), f"agent {rollout.name!r}",
                                      declared=getattr(rollout, "roles", ()))
                 self.roles_checked = True
-            groups, filter_metrics = filter_groups(group_trajectories(episodes), config.rejection, episodes)
+            groups = group_trajectories(episodes)
+            if config.max_staleness:
+                groups, stale_metrics = drop_stale(groups, self.trainer_version, config.max_staleness)
+                metrics.update(stale_metrics)
+            groups, filter_metrics = filter_groups(groups, config.rejection, episodes)
             metrics.update(filter_metrics)
             advantages = weigh_advantages(group_advantages(groups, config.algo), groups, config.role_weights)
             rows, pack_metrics = pack_groups(groups, advantages, max_tokens=config.max_seq_len,
@@ -268,7 +270,8 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
                       soft_wrap=True, highlight=False)
     rollout = rollout or resolve_rollout(config, benchmark)
     backend = backend or create_backend(config.backend, config)  # a missing SDK or API key fails before any data
-    check_capabilities(config, backend.capabilities(), backend.name)  # before anything loads or is written
+    caps = backend.capabilities()
+    check_capabilities(config, caps, backend.name)  # before anything loads or is written
     train_tasks = benchmark.load(config.train_split, data_dir=config.data_dir,
                                  max_examples=config.max_train_examples, seed=config.seed)
     val_tasks = benchmark.load(config.val_split, data_dir=config.data_dir, max_examples=config.eval_examples,
@@ -307,7 +310,7 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
         pipeline = RolloutPipeline(step_rollouts, config.max_staleness, config.max_steps)
         stages = _Stages(config, stage, backend, run, train_tasks, val_tasks, pipeline,
                          trainer_version=backend.policy_endpoint().policy_version,
-                         overlap=config.max_staleness > 0 and not backend.capabilities().async_train_step)
+                         overlap=config.max_staleness > 0 and not caps.async_train_step)
         with TrainDisplay(console, config.max_steps, start, bar=progress, echo=run.echo) as display:
             if start == 0 and val_tasks:
                 result.evals.append(await stages.validate(0, display))

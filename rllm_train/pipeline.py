@@ -4,9 +4,9 @@ trains, so neither side waits for the other; K = 0 is the synchronous loop (each
 `RolloutPipeline.episodes(step)` returns the step's episodes (started earlier when K ≥ 1) and starts the next K
 steps' before returning, so they overlap the update that follows. The policy that samples them is whatever the
 server holds at the time: weights reach it without draining it (the backend's swap modes), and a Step that spans a
-swap records each token's version. `drop_stale` then removes every trajectory holding a token more than K versions
-behind the trainer (counted in `async/stale_dropped`), so no row older than K reaches the update; the staleness of
-what is kept is logged (`async/staleness_mean` / `_max`).
+swap records each token's version. `drop_stale` then leaves out of training every trajectory holding a token more
+than K versions behind the trainer (counted in `async/stale_dropped`; the episodes are saved whole), so no row older
+than K reaches the update; the staleness of what is kept is logged (`async/staleness_mean` / `_max`).
 
 Episodes started for steps the run never reaches (the last steps, a crash, Ctrl-C) are cancelled and never
 written: a resumed run draws the same tasks for those steps (tasks are a function of seed and step) and runs them
@@ -21,7 +21,7 @@ import time
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
-from rllm_core.types import Episode, Step
+from rllm_core.types import Episode, Step, TrajectoryGroup
 
 __all__ = ["RolloutPipeline", "drop_stale", "oldest_version"]
 
@@ -69,13 +69,15 @@ def oldest_version(steps: Sequence[Step]) -> int | None:
     return min(versions) if versions else None
 
 
-def drop_stale(episodes: list[Episode], trainer_version: int, max_staleness: int) -> dict[str, float]:
-    """Remove (in place) trajectories with a token more than `max_staleness` versions behind `trainer_version`;
-    the counts and the staleness of what is kept."""
-    dropped, kept = 0, []
-    for episode in episodes:
+def drop_stale(groups: list[TrajectoryGroup], trainer_version: int, max_staleness: int
+               ) -> tuple[list[TrajectoryGroup], dict[str, float]]:
+    """The groups without trajectories holding a token more than `max_staleness` versions behind
+    `trainer_version` (the episodes themselves stay whole: episodes.jsonl keeps what was sampled); the counts and
+    the staleness of what is kept."""
+    dropped, kept, out = 0, [], []
+    for group in groups:
         fresh = []
-        for trajectory in episode.trajectories:
+        for trajectory in group.trajectories:
             oldest = oldest_version(trajectory.steps)
             if oldest is not None and trainer_version - oldest > max_staleness:
                 dropped += 1
@@ -83,7 +85,8 @@ def drop_stale(episodes: list[Episode], trainer_version: int, max_staleness: int
             fresh.append(trajectory)
             if oldest is not None:
                 kept.append(trainer_version - oldest)
-        episode.trajectories = fresh
-    return {"async/stale_dropped": float(dropped),
-            "async/staleness_mean": sum(kept) / len(kept) if kept else 0.0,
-            "async/staleness_max": float(max(kept, default=0))}
+        if fresh:
+            out.append(group.model_copy(update={"trajectories": fresh}))
+    return out, {"async/stale_dropped": float(dropped),
+                 "async/staleness_mean": sum(kept) / len(kept) if kept else 0.0,
+                 "async/staleness_max": float(max(kept, default=0))}

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from rllm_core.errors import ConfigError
-from rllm_core.types import Episode, Step, Task, Trajectory
+from rllm_core.types import Episode, Step, Trajectory, TrajectoryGroup
 from rllm_testing.fake_upstream import FakeUpstream, start_fake_upstream
 from rllm_testing.recording_backend import RecordingBackend
 from rllm_testing.training import YesNoBenchmark, alternating_responder, yesno_config
@@ -57,6 +57,8 @@ def test_rows_older_than_k_are_dropped_and_counted(tmp_path: Path, upstream: Fak
     records = {m["step"]: m for m in RunDir(result.run_dir).read_metrics() if m["kind"] == "train"}
     assert records[1]["async/stale_dropped"] == 0 and records[2]["async/stale_dropped"] == 0
     assert records[3]["async/stale_dropped"] == 4 and "skipped" in records[3]  # version 0 at trainer version 2
+    saved = (result.run_dir / "episodes" / "step_3.jsonl").read_text().splitlines()
+    assert len(saved) == 4 and all(json.loads(line)["trajectories"] for line in saved)  # recorded, not trained
     assert len(backend.batches) == 2
 
 
@@ -119,7 +121,8 @@ def test_staleness_is_the_oldest_token_version() -> None:
 
     fresh, spanning = Trajectory(steps=[step([3, 3])]), Trajectory(steps=[step([1, 2]), step([3])])
     assert oldest_version(spanning.steps) == 1  # an episode that spans a swap: its oldest token counts
-    episodes = [Episode(task=Task(id="t", instruction="x"), trajectories=[fresh, spanning])]
-    metrics = drop_stale(episodes, trainer_version=3, max_staleness=1)
-    assert episodes[0].trajectories == [fresh] and metrics["async/stale_dropped"] == 1
-    assert metrics["async/staleness_max"] == 0
+    groups = [TrajectoryGroup(group_id="g", task_id="t", role="r", trajectories=[fresh, spanning]),
+              TrajectoryGroup(group_id="h", task_id="u", role="r", trajectories=[spanning])]
+    kept, metrics = drop_stale(groups, trainer_version=3, max_staleness=1)
+    assert [g.trajectories for g in kept] == [[fresh]] and metrics["async/stale_dropped"] == 2
+    assert metrics["async/staleness_max"] == 0 and len(groups[0].trajectories) == 2  # the input is left whole

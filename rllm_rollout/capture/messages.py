@@ -244,9 +244,9 @@ class MessagesAssembler(CallAssembler):
             error = "stream ended before message_stop"
         if not self._message and not self._blocks:
             return [error_step(self.call, error or "upstream response had no message")]
-        return [self._step(error)]
+        return [self._message_step(error)]
 
-    def _step(self, error: str | None) -> Step:  # type: ignore[override]
+    def _message_step(self, error: str | None) -> Step:
         call, body = self.call, self.call.body
         text: list[str] = []
         tool_calls: list[dict[str, Any]] = []

@@ -50,6 +50,8 @@ from rllm_rollout.capture.retokenize import resolve_tokenizer
 from rllm_rollout.gateway.capability import split_segment, verify_segment
 from rllm_rollout.gateway.config import GatewayConfig
 from rllm_rollout.gateway.router import Upstream, UpstreamRouter
+from rllm_rollout.gateway.routes import json_error as _error
+from rllm_rollout.gateway.routes import no_route, not_allowed, openapi
 from rllm_rollout.gateway.store import DEFAULT_SESSION, IN_FLIGHT_HEADER, MemoryStore, Store, TakeResult
 from rllm_rollout.gateway.turns import TurnTracker
 
@@ -63,22 +65,10 @@ _DROP_REQUEST = frozenset({"host", "content-length", "transfer-encoding", "conne
 _DROP_RESPONSE = frozenset({"content-length", "transfer-encoding", "content-encoding", "connection",
                             "keep-alive", "date", "server"})
 
-LLM_POST_ROUTES = ("chat/completions", "completions", "responses", "messages", "v1/messages")
-"""The only calls forwarded upstream, with GET models[/ID]: a client token must not reach the upstream's
-files, batches or fine-tuning with the upstream's key. `v1/messages`: the Anthropic SDK appends /v1/messages
-to its base URL, so an agent handed `config.base_url` (which ends in /v1) calls .../v1/v1/messages."""
-
 STORE_KEY = web.AppKey("store", Store)
 ROUTER_KEY = web.AppKey("router", UpstreamRouter)
 TURNS_KEY = web.AppKey("turns", TurnTracker)
 GATEWAY_KEY: web.AppKey[_Gateway] = web.AppKey("gateway")
-
-
-def _error(status: int, message: str, kind: str = "invalid_request_error") -> web.Response:
-    """An OpenAI-style error body, so SDKs show the message."""
-    return web.Response(status=status, body=_json.dumps({"error": {"message": message, "type": kind,
-                                                                   "code": status}}),
-                        content_type="application/json")
 
 
 def _steps_response(steps: list[Step]) -> web.Response:
@@ -243,7 +233,7 @@ class _Gateway:
         sid, denied = self._session(request)
         if denied is not None:
             return denied
-        if (refused := _not_allowed(request.method, request.match_info["tail"])) is not None:
+        if (refused := not_allowed(request.method, request.match_info["tail"])) is not None:
             return refused
         if self.store.is_closed(sid):
             self.refused_calls += 1
@@ -306,7 +296,7 @@ class _Gateway:
     async def _passthrough(self, request: web.Request, up: Upstream, tail: str, raw: bytes) -> web.StreamResponse:
         """GET models (and an LLM route the recorder does not parse), unrecorded; `call` refused the rest."""
         assert self.http is not None
-        if (refused := _not_allowed(request.method, tail)) is not None:  # `proxy` reached without `call`
+        if (refused := not_allowed(request.method, tail)) is not None:  # `proxy` reached without `call`
             return refused
         try:
             target = URL(f"{up.url}/{quote(tail.strip('/'), safe='/')}", encoded=True)  # `?`, `%` stay in the path
@@ -443,7 +433,7 @@ def create_app(config: GatewayConfig, store: Store | None = None) -> web.Applica
     app.on_cleanup.append(gw.on_cleanup)
     r = app.router
     r.add_get("/health", gw.health)
-    r.add_get("/openapi.json", _openapi)
+    r.add_get("/openapi.json", openapi)
     r.add_get("/sessions/{session_id}/steps", gw.get_steps)
     r.add_get("/stats", gw.get_stats)
     r.add_post("/sessions/{session_id}/take", gw.take_steps)
@@ -451,51 +441,5 @@ def create_app(config: GatewayConfig, store: Store | None = None) -> web.Applica
     r.add_delete("/sessions/{session_id}", gw.delete_session)
     r.add_route("*", "/sessions/{session_id}/v1/{tail:.*}", gw.call)
     r.add_route("*", "/v1/{tail:.*}", gw.call)
-    r.add_route("*", "/{tail:.*}", _no_route)  # last: only what nothing above matched, at no cost to the rest
+    r.add_route("*", "/{tail:.*}", no_route)  # last: only what nothing above matched, at no cost to the rest
     return app
-
-
-def _not_allowed(method: str, tail: str) -> web.Response | None:
-    """None for a call the gateway forwards; else the OpenAI-style 404 (no such route) or 405 (wrong method)."""
-    route = tail.strip("/")
-    if any(part in ("", ".", "..") for part in route.split("/")):  # `models/..%2ffiles` must not reach /v1/files
-        return _error(404, f"no route {method} /v1/{route} through the gateway: a path with empty, '.' or '..' "
-                           "segments is never forwarded", "not_found_error")
-    is_models = route == "models" or route.startswith("models/")
-    if (method == "POST" and route in LLM_POST_ROUTES) or (method == "GET" and is_models):
-        return None
-    allowed = "POST /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages and GET /v1/models"
-    if route in LLM_POST_ROUTES or is_models:
-        resp = _error(405, f"{method} /v1/{route} is not allowed: the gateway forwards only {allowed}",
-                      "method_not_allowed")
-        resp.headers["Allow"] = "POST" if route in LLM_POST_ROUTES else "GET"
-        return resp
-    return _error(404, f"no route {method} /v1/{route} through the gateway: it forwards only {allowed} (files, "
-                       "batches, fine-tuning, embeddings ... never reach the upstream)", "not_found_error")
-
-
-async def _openapi(request: web.Request) -> web.Response:
-    """The gateway's routes as OpenAPI 3 (gateway/openapi.py); open like /health: it holds no secret."""
-    from rllm_rollout.gateway.openapi import openapi_document
-
-    return web.json_response(openapi_document(f"{request.scheme}://{request.host}"))
-
-
-async def _no_route(request: web.Request) -> web.Response:
-    """An unknown path (often a base URL missing /v1) gets an OpenAI-shaped 404 that says where calls go,
-    instead of aiohttp's plain-text one, which SDKs show as just '404: Not Found'. A known path with the wrong
-    method gets a 405 naming the right ones (this catch-all would otherwise hide aiohttp's own 405)."""
-    allowed: set[str] = set()
-    for resource in request.app.router.resources():
-        match, methods = await resource.resolve(request)
-        if match is None:
-            allowed |= methods
-    if allowed:
-        resp = _error(405, f"{request.method} {request.path} is not allowed; use {', '.join(sorted(allowed))}",
-                      "method_not_allowed")
-        resp.headers["Allow"] = ", ".join(sorted(allowed))
-        return resp
-    return _error(404, f"no route {request.method} {request.path} here; send OpenAI calls to "
-                       "/sessions/<id>/v1/... (or /v1/... with an X-RLLM-Session header); read them at "
-                       "GET /sessions/<id>/steps", kind="not_found_error")
-

@@ -446,8 +446,8 @@ def _check_traversable(root: Path) -> None:
     """Sandbox uids must reach `root` (bwrap opens the bind sources as them): every folder above it needs o+x."""
     for folder in [root.resolve(), *root.resolve().parents]:
         if not os.stat(folder).st_mode & stat.S_IXOTH:
-            raise ConfigError(f"sandbox root {root} is not reachable by the sandbox uids: {folder} lacks o+x "
-                              f"(`chmod o+x {folder}`), or pick another `root`")
+            raise ConfigError(f"{root} is not reachable by the sandbox uids: {folder} lacks o+x "
+                              f"(`chmod o+x {folder}`), or pick another place (sandbox `root`, RLLM_HOME)")
 
 
 def _copy(source: Path, target: Path) -> None:
