@@ -94,6 +94,9 @@ class TrainConfig(BaseModel):
     max_staleness: int = Field(0, ge=0)
     """Asynchronous RL: rollouts run up to K steps ahead of the update, so neither waits; a trajectory with a
     token more than K policy versions behind the trainer is dropped (counted). 0: the synchronous loop."""
+    stale_rows: Literal["drop", "mask"] = "drop"
+    """With --max-staleness: leave a trajectory with tokens older than K versions out (drop, counted), or keep it
+    with those tokens untrained (mask)."""
     rollout_is: Literal["none", "token", "sequence"] = "none"
     """Off-policy correction: weight each token's loss by π_prox/μ (the trainer's recomputed logprobs over the
     sampler's), per token or per sequence; with the ppo loss, decoupled PPO. Needs --recompute-old-logprobs."""

@@ -37,7 +37,7 @@ from rllm_train.config import TrainConfig, load_config
 from rllm_train.display import TrainDisplay
 from rllm_train.metrics import PhaseTimer, episode_metrics
 from rllm_train.packing import pack_groups
-from rllm_train.pipeline import RolloutPipeline, drop_stale
+from rllm_train.pipeline import RolloutPipeline, drop_stale, min_trained_version
 from rllm_train.roles import check_recorded_roles, weigh_advantages
 from rllm_train.rollouts import RolloutStage
 from rllm_train.rundir import RunDir
@@ -87,8 +87,6 @@ class _Stages:
     pipeline: RolloutPipeline
     trainer_version: int = 0
     """The policy version the trainer holds (what staleness is measured against)."""
-    overlap: bool = False
-    """--max-staleness > 0 with a backend whose update blocks: it runs on a worker thread, rollouts go on."""
     updated_unsaved: bool = False
     roles_checked: bool = False
     """Per-role options are checked against the roles the first step's episodes played (`check_recorded_roles`)."""
@@ -112,13 +110,15 @@ class _Stages:
                 self.roles_checked = True
             groups = group_trajectories(episodes)
             if config.max_staleness:
-                groups, stale_metrics = drop_stale(groups, self.trainer_version, config.max_staleness)
+                groups, stale_metrics = drop_stale(groups, self.trainer_version, config.max_staleness,
+                                                   config.stale_rows)
                 metrics.update(stale_metrics)
             groups, filter_metrics = filter_groups(groups, config.rejection, episodes)
             metrics.update(filter_metrics)
             advantages = weigh_advantages(group_advantages(groups, config.algo), groups, config.role_weights)
-            rows, pack_metrics = pack_groups(groups, advantages, max_tokens=config.max_seq_len,
-                                             overlong=config.overlong)
+            rows, pack_metrics = pack_groups(
+                groups, advantages, max_tokens=config.max_seq_len, overlong=config.overlong,
+                min_version=min_trained_version(self.trainer_version, config.max_staleness, config.stale_rows))
             metrics.update(pack_metrics)
             _warn_if_turns_split(pack_metrics)
             if not any(r.num_trained_tokens for r in rows):
@@ -128,17 +128,17 @@ class _Stages:
             else:
                 display.phase(f"step {step}: train on {len(rows)} rows")
                 with timer("train"):
-                    if self.overlap:  # the event loop keeps driving the next steps' rollouts meanwhile
-                        update = await asyncio.to_thread(backend.train_step, rows)
+                    if config.max_staleness:  # a worker thread: the event loop drives the next steps' rollouts
+                        update = await asyncio.to_thread(backend.train_step, rows)  # (even a submit that blocks)
                     else:
                         update = backend.train_step(rows)  # a remote backend returns at once: overlap our I/O
                     self._save_episodes(step, episodes)
                     metrics.update(await resolve_metrics(update))
                     self.updated_unsaved = True  # the weights moved: until this step is logged, no rescue save
                 display.phase(f"step {step}: sync weights")
-                with timer("sync"):
-                    metrics["policy_version"] = (await asyncio.to_thread(backend.sync_weights) if self.overlap
-                                                 else backend.sync_weights())
+                with timer("sync"):  # with --max-staleness the next steps' rollouts go on meanwhile
+                    metrics["policy_version"] = (await asyncio.to_thread(backend.sync_weights)
+                                                 if config.max_staleness else backend.sync_weights())
                     self.trainer_version = int(metrics["policy_version"])
         metrics.update(timer.metrics())
         metrics["throughput/tokens_per_s"] = metrics.get("pack/tokens", 0.0) / max(metrics["time/step_s"], 1e-9)
@@ -270,8 +270,7 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
                       soft_wrap=True, highlight=False)
     rollout = rollout or resolve_rollout(config, benchmark)
     backend = backend or create_backend(config.backend, config)  # a missing SDK or API key fails before any data
-    caps = backend.capabilities()
-    check_capabilities(config, caps, backend.name)  # before anything loads or is written
+    check_capabilities(config, backend.capabilities(), backend.name)  # before anything loads or is written
     train_tasks = benchmark.load(config.train_split, data_dir=config.data_dir,
                                  max_examples=config.max_train_examples, seed=config.seed)
     val_tasks = benchmark.load(config.val_split, data_dir=config.data_dir, max_examples=config.eval_examples,
@@ -309,8 +308,7 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
 
         pipeline = RolloutPipeline(step_rollouts, config.max_staleness, config.max_steps)
         stages = _Stages(config, stage, backend, run, train_tasks, val_tasks, pipeline,
-                         trainer_version=backend.policy_endpoint().policy_version,
-                         overlap=config.max_staleness > 0 and not caps.async_train_step)
+                         trainer_version=backend.policy_endpoint().policy_version)
         with TrainDisplay(console, config.max_steps, start, bar=progress, echo=run.echo) as display:
             if start == 0 and val_tasks:
                 result.evals.append(await stages.validate(0, display))

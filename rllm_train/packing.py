@@ -6,6 +6,10 @@ Rule for multi-turn trajectories: a step whose `prompt_token_ids` start with the
 step that breaks the prefix (the agent rewrote or summarised its history) starts a new row. Only
 `Step.trainable` steps are used; the others are counted.
 
+With `min_version` (asynchronous training, `--stale-rows mask`) a completion token sampled by a policy older than
+it keeps its place in the row with loss mask 0 (`stale_tokens_masked`): the row stays whole as context, only the
+fresh tokens are trained, and the row's `policy_version` is the oldest among those.
+
 Over-long rows (more than `max_tokens`): ``truncate`` keeps the first `max_tokens` tokens (the tail's loss is
 lost; a row left with no trained token is dropped), ``drop`` drops the row. Both are counted in the metrics.
 """
@@ -74,8 +78,17 @@ def step_temperature(step: Step) -> float | None:
     return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
 
 
+def _token_versions(step: Step) -> list[int | None]:
+    """The policy version of each completion token (the step's one where the server gave none per token)."""
+    if step.token_policy_versions:
+        return list(step.token_policy_versions)
+    return [step.policy_version] * len(step.completion_token_ids or [])
+
+
 class _Building:
-    def __init__(self, step: Step) -> None:
+    def __init__(self, step: Step, min_version: int | None = None) -> None:
+        self.min_version = min_version
+        self.stale_masked = 0
         self.tokens = list(step.prompt_token_ids or [])
         self.mask = [0] * len(self.tokens)
         self.logprobs = [0.0] * len(self.tokens)
@@ -100,13 +113,16 @@ class _Building:
 
     def add_completion(self, step: Step) -> None:
         ids, lps = step.completion_token_ids or [], step.logprobs or []
+        versions = _token_versions(step)
+        floor = self.min_version
+        mask = [0 if floor is not None and v is not None and v < floor else 1 for v in versions]
+        self.stale_masked += len(mask) - sum(mask)
         self.tokens += ids
-        self.mask += [1] * len(ids)
-        self.logprobs += [float(x) for x in lps]
-        if step.token_policy_versions:  # the oldest policy that sampled any of its tokens
-            self.versions.append(min(step.token_policy_versions))
-        elif step.policy_version is not None:
-            self.versions.append(step.policy_version)
+        self.mask += mask
+        self.logprobs += [float(x) if m else 0.0 for x, m in zip(lps, mask, strict=True)]
+        kept = [v for v, m in zip(versions, mask, strict=True) if m and v is not None]
+        if kept:  # the oldest policy that sampled any of its trained tokens
+            self.versions.append(min(kept))
         self.num_steps += 1
 
 
@@ -118,10 +134,12 @@ def pack_trajectory(
     role: str | None = None,
     max_tokens: int | None = None,
     overlong: OverlongRule = "truncate",
+    min_version: int | None = None,
 ) -> tuple[list[TrainRow], dict[str, float]]:
-    """Rows for one trajectory (merged where prefixes allow) and counts: steps used/skipped, rows cut/dropped."""
+    """Rows for one trajectory (merged where prefixes allow) and counts: steps used/skipped, rows cut/dropped,
+    stale tokens masked (tokens older than `min_version`: module docstring)."""
     metrics = {"steps_used": 0.0, "steps_untrainable": 0.0, "rows_truncated": 0.0, "rows_dropped_overlong": 0.0,
-               "rows_split": 0.0}
+               "rows_split": 0.0, "stale_tokens_masked": 0.0, "rows_dropped_stale": 0.0}
     building: list[_Building] = []
     for step in trajectory.steps:
         if not step.trainable:
@@ -133,9 +151,13 @@ def pack_trajectory(
         else:
             if building:
                 metrics["rows_split"] += 1
-            building.append(_Building(step))
+            building.append(_Building(step, min_version))
     rows: list[TrainRow] = []
     for b in building:
+        metrics["stale_tokens_masked"] += b.stale_masked
+        if b.stale_masked and not any(b.mask):
+            metrics["rows_dropped_stale"] += 1
+            continue
         tokens, mask, lps = b.tokens, b.mask, b.logprobs
         if max_tokens is not None and len(tokens) > max_tokens:
             if overlong == "drop":
@@ -162,14 +184,16 @@ def pack_groups(
     *,
     max_tokens: int | None = None,
     overlong: OverlongRule = "truncate",
+    min_version: int | None = None,
 ) -> tuple[list[TrainRow], dict[str, float]]:
-    """Pack every trajectory of every group with its advantage (trajectory id → advantage)."""
+    """Pack every trajectory of every group with its advantage (trajectory id → advantage); tokens sampled by a
+    policy older than `min_version` are kept untrained (module docstring)."""
     rows: list[TrainRow] = []
     totals: dict[str, float] = {}
     for g in groups:
         for traj in g.trajectories:
             r, m = pack_trajectory(traj, advantages.get(traj.id, 0.0), group_id=g.group_id, role=g.role,
-                                   max_tokens=max_tokens, overlong=overlong)
+                                   max_tokens=max_tokens, overlong=overlong, min_version=min_version)
             rows += r
             for k, v in m.items():
                 totals[k] = totals.get(k, 0.0) + v

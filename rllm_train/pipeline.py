@@ -6,7 +6,10 @@ steps' before returning, so they overlap the update that follows. The policy tha
 server holds at the time: weights reach it without draining it (the backend's swap modes), and a Step that spans a
 swap records each token's version. `drop_stale` then leaves out of training every trajectory holding a token more
 than K versions behind the trainer (counted in `async/stale_dropped`; the episodes are saved whole), so no row older
-than K reaches the update; the staleness of what is kept is logged (`async/staleness_mean` / `_max`).
+than K reaches the update; the staleness of what is kept is logged (`async/staleness_mean` / `_max`, and a
+histogram `async/staleness_hist/<d>`). With `--stale-rows mask` such a trajectory is kept instead, its tokens
+older than K versions in the row untrained (`pack/stale_tokens_masked`): the fresh tail of a partial rollout that
+spanned a swap still teaches.
 
 Episodes started for steps the run never reaches (the last steps, a crash, Ctrl-C) are cancelled and never
 written: a resumed run draws the same tasks for those steps (tasks are a function of seed and step) and runs them
@@ -23,7 +26,7 @@ from typing import Any
 
 from rllm_core.types import Episode, Step, TrajectoryGroup
 
-__all__ = ["RolloutPipeline", "drop_stale", "oldest_version"]
+__all__ = ["RolloutPipeline", "drop_stale", "min_trained_version", "oldest_version"]
 
 
 class RolloutPipeline:
@@ -69,24 +72,37 @@ def oldest_version(steps: Sequence[Step]) -> int | None:
     return min(versions) if versions else None
 
 
-def drop_stale(groups: list[TrajectoryGroup], trainer_version: int, max_staleness: int
+def drop_stale(groups: list[TrajectoryGroup], trainer_version: int, max_staleness: int, rule: str = "drop"
                ) -> tuple[list[TrajectoryGroup], dict[str, float]]:
-    """The groups without trajectories holding a token more than `max_staleness` versions behind
-    `trainer_version` (the episodes themselves stay whole: episodes.jsonl keeps what was sampled); the counts and
-    the staleness of what is kept."""
+    """With rule "drop": the groups without trajectories holding a token more than `max_staleness` versions
+    behind `trainer_version` (the episodes themselves stay whole: episodes.jsonl keeps what was sampled). With
+    "mask" every trajectory is kept (packing then masks the stale tokens: `min_trained_version`). Either way the
+    counts, the staleness of what is kept and a histogram of every trajectory's staleness
+    (`async/staleness_hist/<versions behind>`)."""
     dropped, kept, out = 0, [], []
+    histogram: dict[int, int] = {}
     for group in groups:
         fresh = []
         for trajectory in group.trajectories:
             oldest = oldest_version(trajectory.steps)
-            if oldest is not None and trainer_version - oldest > max_staleness:
+            behind = None if oldest is None else trainer_version - oldest
+            if behind is not None:
+                histogram[behind] = histogram.get(behind, 0) + 1
+            if rule == "drop" and behind is not None and behind > max_staleness:
                 dropped += 1
                 continue
             fresh.append(trajectory)
-            if oldest is not None:
-                kept.append(trainer_version - oldest)
+            if behind is not None:
+                kept.append(behind)
         if fresh:
             out.append(group.model_copy(update={"trajectories": fresh}))
-    return out, {"async/stale_dropped": float(dropped),
-                 "async/staleness_mean": sum(kept) / len(kept) if kept else 0.0,
-                 "async/staleness_max": float(max(kept, default=0))}
+    metrics = {"async/stale_dropped": float(dropped),
+               "async/staleness_mean": sum(kept) / len(kept) if kept else 0.0,
+               "async/staleness_max": float(max(kept, default=0))}
+    metrics.update({f"async/staleness_hist/{behind}": float(n) for behind, n in sorted(histogram.items())})
+    return out, metrics
+
+
+def min_trained_version(trainer_version: int, max_staleness: int, rule: str) -> int | None:
+    """The oldest policy version whose tokens are trained under `--stale-rows mask` (None: no token is masked)."""
+    return trainer_version - max_staleness if rule == "mask" and max_staleness > 0 else None

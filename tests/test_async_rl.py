@@ -126,3 +126,70 @@ def test_staleness_is_the_oldest_token_version() -> None:
     kept, metrics = drop_stale(groups, trainer_version=3, max_staleness=1)
     assert [g.trajectories for g in kept] == [[fresh]] and metrics["async/stale_dropped"] == 2
     assert metrics["async/staleness_max"] == 0 and len(groups[0].trajectories) == 2  # the input is left whole
+
+
+def test_stale_rows_mask_keeps_the_trajectory_and_trains_only_its_fresh_tokens() -> None:
+    """--stale-rows mask: a partial rollout that spans a swap keeps its row; tokens older than the trainer's
+    version − K are in it untrained; a row left with no fresh token is dropped and counted."""
+    from rllm_train.packing import pack_trajectory
+    from rllm_train.pipeline import min_trained_version
+
+    spanning = Trajectory(steps=[Step(prompt_token_ids=[1, 2], completion_token_ids=[3, 4, 5],
+                                      logprobs=[-0.1, -0.2, -0.3], token_policy_versions=[1, 1, 2],
+                                      token_source="server", policy_version=2)])
+    groups = [TrajectoryGroup(group_id="g", task_id="t", role="r", trajectories=[spanning])]
+    kept, metrics = drop_stale(groups, trainer_version=3, max_staleness=1, rule="mask")
+    assert kept == groups and metrics["async/stale_dropped"] == 0 and metrics["async/staleness_hist/2"] == 1
+    floor = min_trained_version(3, 1, "mask")
+    assert floor == 2 and min_trained_version(3, 1, "drop") is None and min_trained_version(3, 0, "mask") is None
+    (row,), counts = pack_trajectory(spanning, 1.0, min_version=floor)
+    assert row.tokens == [1, 2, 3, 4, 5] and row.loss_mask == [0, 0, 0, 0, 1]
+    assert row.sampling_logprobs == [0.0, 0.0, 0.0, 0.0, -0.3] and row.advantages == [0, 0, 0, 0, 1.0]
+    assert row.policy_version == 2 and counts["stale_tokens_masked"] == 2
+    rows, counts = pack_trajectory(spanning, 1.0, min_version=3)
+    assert rows == [] and counts["rows_dropped_stale"] == 1 and counts["stale_tokens_masked"] == 3
+
+
+def test_stale_rows_mask_in_a_run_counts_masked_tokens_instead_of_dropped_rows(tmp_path: Path,
+                                                                              upstream: FakeUpstream) -> None:
+    backend = RecordingBackend(upstream.base_url, caps=ASYNC)  # the upstream keeps reporting version 0
+    result = train(yesno_config(tmp_path, max_staleness=1, stale_rows="mask", eval_examples=0, max_steps=3),
+                   backend=backend, benchmark=YesNoBenchmark(), progress=False)
+    records = {m["step"]: m for m in RunDir(result.run_dir).read_metrics() if m["kind"] == "train"}
+    assert records[3]["async/stale_dropped"] == 0 and records[3]["async/staleness_hist/2"] == 4
+    assert records[3]["pack/stale_tokens_masked"] > 0 and records[3]["pack/rows_dropped_stale"] == 4
+    assert records[2]["pack/stale_tokens_masked"] == 0
+
+
+def test_async_local_training_splits_the_cores_between_server_and_trainer() -> None:
+    from rllm_backends.local_torch.options import LocalOptions, thread_budgets
+
+    assert thread_budgets(LocalOptions(), asynchronous=False, cores=2) == (None, None)  # each takes every core
+    assert thread_budgets(LocalOptions(), asynchronous=True, cores=2) == (1, 1)
+    assert thread_budgets(LocalOptions(), asynchronous=True, cores=16) == (8, 8)
+    assert thread_budgets(LocalOptions(), asynchronous=True, cores=1) == (1, 1)
+    assert thread_budgets(LocalOptions(server_threads=3), asynchronous=True, cores=16) == (3, 13)
+    assert thread_budgets(LocalOptions(trainer_threads=2), asynchronous=False, cores=16) == (None, 2)
+
+
+def test_async_on_the_local_backend_samples_while_the_trainer_updates_on_its_own_threads(tmp_path: Path) -> None:
+    """The real engine and trainer (tiny-random) at K = 1: the server and the trainer split the cores, every
+    step trains, nothing is older than one version, and --resume continues asynchronously."""
+    from rich.console import Console
+
+    from rllm_train.config import TrainConfig
+
+    def config(steps: int) -> TrainConfig:
+        return TrainConfig(model="tiny-random", benchmark="yesno", batch_size=2, group_size=2, max_tokens=4,
+                           max_steps=steps, eval_examples=0, max_staleness=1, output=str(tmp_path / "run"),
+                           backend_options={"server_threads": 1, "trainer_threads": 1})
+
+    train(config(2), benchmark=YesNoBenchmark(), progress=False, console=Console(quiet=True))
+    result = train(config(3), benchmark=YesNoBenchmark(), progress=False, console=Console(quiet=True), resume=True)
+    records = [m for m in RunDir(result.run_dir).read_metrics() if m["kind"] == "train"]
+    assert [m["policy_version"] for m in records] == [1, 2, 3]
+    assert all(m["async/server_threads"] == 1 and m["async/trainer_threads"] == 1 for m in records)
+    assert all(m["async/stale_dropped"] == 0 and m["async/staleness_max"] <= 1 for m in records)
+    calls = [s for line in (result.run_dir / "episodes" / "step_2.jsonl").open()
+             for t in json.loads(line)["trajectories"] for s in t["steps"]]
+    assert calls and min(s["started_at"] for s in calls) < records[0]["time"]  # sampled while step 1 trained

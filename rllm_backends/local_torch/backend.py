@@ -14,18 +14,22 @@ from __future__ import annotations
 
 import copy
 import json
+import logging
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rllm_backends.local_torch.options import LocalOptions, thread_budgets
 from rllm_core.errors import TrainingError
 from rllm_serve.heap import release_free_memory
-from rllm_train.backend import BackendBase, BackendCapabilities, PolicyEndpoint
+from rllm_train.backend import BackendBase, BackendCapabilities, PolicyEndpoint, parse_backend_options
 from rllm_train.config import TrainConfig
 from rllm_train.packing import TrainRow
 from rllm_train.roles import SHARED_ADAPTER, role_models
 
 __all__ = ["LocalTorchBackend"]
+
+log = logging.getLogger("rllm.local")
 
 
 class LocalTorchBackend(BackendBase):
@@ -43,6 +47,9 @@ class LocalTorchBackend(BackendBase):
         self.trainer: Any = None
         self.server: Any = None
         self.policy_version = 0
+        self.trainer_threads: int | None = None
+        self.thread_split: dict[str, float] = {}
+        """With --max-staleness: the cores' split between the server and the trainer, logged every step."""
 
     def capabilities(self) -> BackendCapabilities:
         """Every loss option (the loss is ours, computed here); the server holds its own copy of the weights, so
@@ -58,6 +65,17 @@ class LocalTorchBackend(BackendBase):
 
         check_device(config.device)  # before loading anything: a bad --device is one line, not a traceback
         self.config = config
+        options = parse_backend_options(LocalOptions, config.backend_options, "local")
+        if options.server_threads is None and self._server_threads:  # a caller's choice (tests, benchmarks)
+            options = options.model_copy(update={"server_threads": self._server_threads})
+        server_threads, self.trainer_threads = thread_budgets(options, config.max_staleness > 0,
+                                                              torch.get_num_threads())
+        self.thread_split = {"async/server_threads": float(server_threads or 0),
+                             "async/trainer_threads": float(self.trainer_threads or 0)} if config.max_staleness else {}
+        if config.max_staleness:
+            log.info("--max-staleness %d: the policy server samples on %d thread(s) while the trainer updates on "
+                     "%d (backend_options server_threads / trainer_threads)", config.max_staleness,
+                     server_threads, self.trainer_threads)
         torch.manual_seed(config.seed)
         _quiet_transformers()  # its "Loading weights" bar would cut into the training display
         loaded = self._loaded or load_model(config.model, dtype=torch.float32, device=config.device)
@@ -71,7 +89,7 @@ class LocalTorchBackend(BackendBase):
             serve_copy.model = copy.deepcopy(loaded.model).eval()
             self.trainer = TorchTrainer(loaded.model, config, pad_token_id=int(pad))
         self.server = start_policy_server(serve_copy, max_batch_size=self._max_batch_size,
-                                          threads=self._server_threads,
+                                          threads=server_threads,
                                           default_adapter=SHARED_ADAPTER if config.roles else None,
                                           own_model=True)  # its own deep copy
         self.policy_version = int(self.server.policy_version)
@@ -95,6 +113,10 @@ class LocalTorchBackend(BackendBase):
         asynchronous = bool(self.config and self.config.max_staleness)
         released = False if asynchronous else self.server.engine.release_weights()
         release_free_memory()  # what the rollouts freed: the update's peak then starts from what is held
+        if self.trainer_threads:  # this thread's OpenMP team (the loop calls it from a worker thread when async)
+            import torch
+
+            torch.set_num_threads(self.trainer_threads)
         try:
             metrics = self.trainer.train_step(rows)
         except BaseException:
@@ -102,6 +124,7 @@ class LocalTorchBackend(BackendBase):
                 self.server.update_weights(self.trainer.serving_state_dict(), version=self.policy_version)
             raise
         release_free_memory()  # the update's transient gigabytes: RSS stays flat from step to step
+        metrics.update(self.thread_split)
         versions = [r.policy_version for r in rows if r.policy_version is not None]
         if versions:
             metrics["train/policy_staleness_max"] = float(self.policy_version - min(versions))

@@ -6,7 +6,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-__all__ = ["DEFAULT_MICRO_BATCH_TOKENS", "LocalOptions"]
+__all__ = ["DEFAULT_MICRO_BATCH_TOKENS", "LocalOptions", "thread_budgets"]
 
 DEFAULT_MICRO_BATCH_TOKENS = 2048
 """As fast on CPU as one pack of a whole 8 × 4 × 64-token GRPO batch (~2.8k tokens), at ~3/4 of its activation
@@ -22,9 +22,26 @@ class LocalOptions(BaseModel):
     """Tokens per packed micro-batch (default: --micro-batch-size × --max-seq-len, at most 2048): lower it when
     a step runs out of memory, raise it to pack more rows per forward pass."""
 
-    @field_validator("micro_batch_tokens", mode="before")
+    server_threads: int | None = None
+    """torch threads of the policy server's engine (default: torch's; with --max-staleness, half the cores)."""
+    trainer_threads: int | None = None
+    """torch threads of the update (default: torch's; with --max-staleness, the cores the server does not get)."""
+
+    @field_validator("micro_batch_tokens", "server_threads", "trainer_threads", mode="before")
     @classmethod
     def _whole_tokens(cls, value: Any) -> Any:
         if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
-            raise ValueError(f"must be a whole number of tokens ≥ 1, got {value!r}; e.g. {DEFAULT_MICRO_BATCH_TOKENS}")
+            raise ValueError(f"must be a whole number ≥ 1, got {value!r}; e.g. {DEFAULT_MICRO_BATCH_TOKENS} tokens "
+                             "or 1 thread")
         return value
+
+
+def thread_budgets(options: LocalOptions, asynchronous: bool, cores: int) -> tuple[int | None, int | None]:
+    """(server threads, trainer threads). Synchronously the two never run at once, so each takes every core
+    (None: torch's default) unless set. Asynchronously they run side by side: two OpenMP teams of `cores` threads
+    each would oversubscribe the cores and spin against each other, so the cores are split, the server getting
+    half (rounded down, at least 1) and the trainer the rest."""
+    if not asynchronous:
+        return options.server_threads, options.trainer_threads
+    server = options.server_threads or max(1, cores // 2)
+    return server, options.trainer_threads or max(1, cores - server)
