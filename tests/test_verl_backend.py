@@ -21,6 +21,7 @@ from rllm_core.errors import ConfigError
 from rllm_testing.backend_contract import BackendContract, sample_rows
 from rllm_train.backend import Backend, resolve_metrics
 from rllm_train.config import TrainConfig
+from rllm_train.packing import TrainRow
 
 pytestmark = pytest.mark.slow
 
@@ -72,6 +73,36 @@ def test_verl_update_equals_the_local_backend_on_the_same_rows(tmp_path: Path, r
         verl.shutdown()
 
 
+def test_off_policy_correction_on_verl_equals_the_local_backends(tmp_path: Path, ray_cluster: None) -> None:
+    """--rollout-is on the verl CPU path: π_prox recomputed by verl's actor, the weights handed to verl's ppo_loss
+    as rollout_is_weights; the same rows (behaviour logprobs moved off the trainer's so the weights vary and some
+    are truncated) give the local backend's loss, grad norm and correction metrics."""
+    from rllm_backends.local_torch.backend import LocalTorchBackend
+    from rllm_backends.verl.backend import VerlBackend
+
+    config = _config(tmp_path, recompute_old_logprobs=True, rollout_is="token", rollout_is_threshold="1.5")
+    local, verl = LocalTorchBackend(), VerlBackend(config)
+    try:
+        local.setup(config.model_copy(update={"backend": "local"}))
+        verl.setup(config)
+        rows = sample_rows(local, n=5, max_tokens=config.max_tokens)
+        def shift(row: TrainRow) -> TrainRow:
+            pairs = enumerate(zip(row.sampling_logprobs, row.loss_mask, strict=True))
+            return row.model_copy(update={"sampling_logprobs": [lp + (0.6 if i % 2 else -0.4) * m
+                                                                for i, (lp, m) in pairs]})
+
+        shifted = [shift(r) for r in rows]
+        ours, theirs = _step(local, shifted), _step(verl, shifted)
+        assert theirs["train/loss"] == pytest.approx(ours["train/loss"], abs=1e-5), (ours, theirs)
+        assert theirs["train/grad_norm"] == pytest.approx(ours["train/grad_norm"], rel=1e-4), (ours, theirs)
+        assert 0 < theirs["train/rollout_corr/is_fraction_high"] < 1
+        for key in ("train/rollout_corr/is_mean", "train/rollout_corr/is_fraction_high", "train/rollout_corr/kl"):
+            assert theirs[key] == pytest.approx(ours[key], abs=1e-5), key
+    finally:
+        local.shutdown()
+        verl.shutdown()
+
+
 def test_rllm_train_arithmetic_with_verl_then_resume(tmp_path: Path, ray_cluster: None) -> None:
     from rllm.cli.app import build_app
     from rllm_train.rundir import RunDir
@@ -87,10 +118,13 @@ def test_rllm_train_arithmetic_with_verl_then_resume(tmp_path: Path, ray_cluster
     assert [m["step"] for m in records] == [1, 2] and [m["policy_version"] for m in records] == [1, 2]
     assert all("train/loss" in m and "train/grad_norm" in m for m in records)
     assert (out / "checkpoints" / "step_2" / "verl_actor").is_dir()
-    res = CliRunner().invoke(app, ["train", "--resume", str(out), "--max-steps", "3", "--no-progress"])
+    # resumed asynchronously: steps 4's episodes sample while step 3 trains in verl's actor process
+    res = CliRunner().invoke(app, ["train", "--resume", str(out), "--max-steps", "4", "--max-staleness", "1",
+                                   "--no-progress"])
     assert res.exit_code == 0, res.output
     records = [m for m in RunDir(out).read_metrics() if m["kind"] == "train"]
-    assert [m["step"] for m in records] == [1, 2, 3] and records[-1]["policy_version"] == 3
+    assert [m["step"] for m in records] == [1, 2, 3, 4] and records[-1]["policy_version"] == 4
+    assert records[3]["async/staleness_max"] == 1 and records[3]["async/stale_dropped"] == 0
     # rllm export: verl's own model merger turns the FSDP checkpoint into a model directory transformers loads
     res = CliRunner().invoke(app, ["export", str(out), "-o", str(tmp_path / "hf")])
     assert res.exit_code == 0, res.output

@@ -23,6 +23,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from rllm_backends.verl.batch import add_rollout_is_weights
 from rllm_core.errors import ConfigError, TrainingError
 from rllm_train.algorithms.names import AGG_MODES
 from rllm_train.backend import BackendBase, BackendCapabilities, PolicyEndpoint, TrainStepResult
@@ -79,21 +80,27 @@ class VerlBackend(BackendBase):
         self._ray: Any = None
         self.tokenizer: Any = None
         self.pad_token_id = 0
+        self._correction: dict[str, float] = {}
+        """The off-policy correction's metrics of the update in flight (--rollout-is)."""
 
     def capabilities(self) -> BackendCapabilities:
         gpu = self.placement == "cuda"
         return BackendCapabilities(
             losses=frozenset({"ppo", "gspo"}), agg_modes=frozenset(AGG_MODES), kl_types=frozenset(),
             lora=gpu, recompute_old_logprobs=not gpu, devices=frozenset({"cpu", "cuda"}), async_train_step=True,
-            colocated=gpu, multi_gpu=gpu,
+            colocated=gpu, multi_gpu=gpu, async_rollouts=not gpu, rollout_is=not gpu,
             notes={"loss": "verl 0.9 has no plain importance-sampling loss",
                    "kl_type": "the verl backend computes no reference log-probs yet (verl's ppo_loss needs "
                               "ref_log_prob); the mapping onto use_kl_loss / kl_loss_type is tested, the reference "
                               "worker is not wired",
                    "lora_rank": "LoRA runs on verl's GPU path only (--device cuda)",
                    "recompute_old_logprobs": "on verl's GPU path π_old is the sampler's (rollout_log_probs)",
-                   "rollout_is": "not mapped onto verl's algorithm.rollout_correction yet (the formulas are equal: "
-                                 "tests/test_offpolicy_correction.py)"})
+                   "rollout_is": "on verl's GPU path π_prox is not recomputed (see recompute_old_logprobs); on CPU "
+                                 "the weights go to verl's ppo_loss as its rollout_is_weights",
+                   "max_staleness": "verl's GPU path is colocated (the hybrid engine's replicas sleep while the "
+                                    "actor trains); a disaggregated placement (verl's fully_async_policy) is not "
+                                    "wired; on CPU the actor trains in its Ray process while the policy server "
+                                    "samples"})
 
     # ------------------------------------------------------------------ setup
     def setup(self, config: TrainConfig) -> None:
@@ -184,13 +191,18 @@ class VerlBackend(BackendBase):
         except ray.exceptions.RayError as exc:
             raise TrainingError(f"verl's update failed: {_last_line(exc)}") from None
         self.steps_done += 1
-        return _rename_metrics(raw, rows)
+        metrics = _rename_metrics(raw, rows)
+        metrics.update(self._correction)
+        self._correction = {}
+        return metrics
 
     def _with_recomputed_old_logprobs(self, data: Any) -> Any:
         import ray
 
         old = ray.get(self._actor.compute_log_prob.remote(data, with_entropy=False))
         data.batch["old_log_probs"] = old.batch["old_log_probs"] * data.batch["response_mask"]
+        if self.config.rollout_is != "none":
+            self._correction = add_rollout_is_weights(data, self.config.rollout_is, self.config.rollout_is_threshold)
         return data
 
     def sync_weights(self) -> int:

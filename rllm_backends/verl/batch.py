@@ -51,8 +51,8 @@ if TYPE_CHECKING:
     import torch
     from verl import DataProto
 
-__all__ = ["GREEDY_BELOW", "VerlBatchError", "response_tensor_to_row_lists", "rows_to_dataproto",
-           "scoring_temperature"]
+__all__ = ["GREEDY_BELOW", "VerlBatchError", "add_rollout_is_weights", "response_tensor_to_row_lists",
+           "rows_to_dataproto", "scoring_temperature"]
 
 GREEDY_BELOW = 1e-5
 """Temperatures below this were decoded greedily and their log-probs reported at T = 1 (vLLM's and rllm's
@@ -185,3 +185,21 @@ def response_tensor_to_row_lists(values_BR: torch.Tensor, data: DataProto, *, fi
         k, n = int(attention[i, :width].sum()), int(attention[i, width:].sum())
         out.append([fill] * k + [float(v) for v in values_BR[i, :n].tolist()])
     return out
+
+
+def add_rollout_is_weights(data: DataProto, level: str, threshold: str | float) -> dict[str, float]:
+    """Put the off-policy correction's weights π_prox/μ (`old_log_probs` recomputed by verl's actor over the
+    sampler's `rollout_log_probs`) into `data` as ``rollout_is_weights``, which verl's ``ppo_loss`` multiplies
+    into each token's policy loss (as its own ``algorithm.rollout_correction`` does); the correction's metrics,
+    under the names the local trainer logs."""
+    import torch
+
+    from rllm_train.algorithms.correction import correction_weights, offpolicy_metrics
+
+    batch = data.batch
+    mask = batch["response_mask"].float()
+    prox, behaviour = batch["old_log_probs"].float(), batch["rollout_log_probs"].float()
+    weights, metrics = correction_weights(prox - behaviour, mask, level, threshold)  # type: ignore[arg-type]
+    batch["rollout_is_weights"] = weights.to(torch.float32)
+    metrics.update(offpolicy_metrics(prox, behaviour, mask))
+    return {f"train/rollout_corr/{k}": v for k, v in metrics.items()}
