@@ -78,6 +78,22 @@ def test_train_loop_runs_on_the_service_and_resumes(tmp_path: Path, double_env: 
     assert [m["policy_version"] for m in RunDir(result.run_dir).read_metrics() if m["kind"] == "train"] == [1, 2, 3]
 
 
+def test_async_rollouts_sample_the_previous_sampler_while_the_service_updates(tmp_path: Path,
+                                                                              double_env: Path) -> None:
+    """--max-staleness 1 on Tinker: the next step's episodes sample from the sampling client of the weights before
+    the update in flight (forward_backward/optim_step), one version behind; nothing dropped, every step trained."""
+    result = _train(_config(tmp_path, max_steps=3, max_staleness=1))
+    metrics = [m for m in RunDir(result.run_dir).read_metrics() if m["kind"] == "train"]
+    assert [m["policy_version"] for m in metrics] == [1, 2, 3]
+    assert all(m["async/stale_dropped"] == 0 and m["async/staleness_max"] <= 1 for m in metrics)
+    assert all(m["train/trained_tokens"] > 0 for m in metrics)
+    for step in (2, 3):  # each step's calls began before the previous step's update was synced and logged
+        calls = [s for line in (result.run_dir / "episodes" / f"step_{step}.jsonl").open()
+                 for t in json.loads(line)["trajectories"] for s in t["steps"]]
+        assert calls and min(s["started_at"] for s in calls) < metrics[step - 2]["time"]
+        assert {s["policy_version"] for s in calls} <= {step - 2, step - 1}
+
+
 def _logprobs(backend: TinkerBackend, tokens: list[int]) -> list[float | None]:
     import tinker
 

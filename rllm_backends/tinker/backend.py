@@ -114,6 +114,7 @@ class TinkerBackend(BackendBase):
         return BackendCapabilities(
             losses=frozenset(LOSSES), agg_modes=frozenset(AGG_MODES), kl_types=frozenset({"k1", "k3"}), lora=True,
             recompute_old_logprobs=False, devices=frozenset({"cpu", "cuda", "mps"}), async_train_step=True,
+            async_rollouts=True,
             notes={"n_gpus": "the Tinker service chooses the GPUs it trains on", "nnodes": "the Tinker service "
                    "chooses the machines it trains on",
                    "recompute_old_logprobs": "Tinker's sampler reports the logprobs the update uses as π_old; "
