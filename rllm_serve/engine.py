@@ -86,6 +86,8 @@ class DecodeEngine:
         self._updates: deque[WeightUpdate] = deque()
         self._releases: list[WeightRelease] = []
         self._stopping = False
+        self._threads_wanted: int | None = None
+        self._threads_now = self._own_threads = 0
         layers, kv_heads, head_dim = pool_shape(self.model.config)
         dtype = next(self.model.parameters()).dtype
         per_block = KVPool.bytes_per_block(layers, kv_heads, head_dim, dtype)
@@ -185,11 +187,25 @@ class DecodeEngine:
         if self._thread.is_alive():
             self._thread.join(30)
 
+    def set_threads(self, threads: int | None) -> None:
+        """torch threads for the steps from now on (None: the engine's own again). The engine thread applies it
+        between steps: a trainer running beside the server (asynchronous RL) takes cores for the length of its
+        update and gives them back after."""
+        self._threads_wanted = threads
+
+    def _apply_threads(self) -> None:
+        want = self._threads_wanted or self._own_threads
+        if want != self._threads_now:
+            torch.set_num_threads(want)
+            set_kernel_threads(want)
+            self._threads_now = want
+
     # ------------------------------------------------------------------ engine thread
     def _run(self) -> None:
         if self.threads:
             torch.set_num_threads(self.threads)
             set_kernel_threads(self.threads)
+        self._threads_now = self._own_threads = torch.get_num_threads()
         kernel = kernel_available(self.pool.keys[0].dtype, self.device)  # compiled now, not in the 1st request
         # measured with this thread's thread count, as every step runs
         self.runner.pack(max(self.max_batch_size, 64), kernel)
@@ -209,6 +225,7 @@ class DecodeEngine:
                 released = self.runner.released
                 admitted = scheduler.admit(self._waiting, self._cond, self.policy_version) if not released else []
                 if scheduler.work and not released:
+                    self._apply_threads()
                     self.runner.refresh()
                     self._step()
             except Exception as exc:  # never let one bad step kill the thread every request waits on

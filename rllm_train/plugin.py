@@ -134,7 +134,9 @@ def _run(benchmark: str | None, config_file: Path | None, resume: Path | None, p
         from rllm_train.loop import validation_settings
 
         used = load_config(RunDir(result.run_dir).config_file)
-        settings = validation_settings(used, used.eval_examples)
+        greedy = evals[-1].get("val_greedy/episode/count")  # one per task: the tasks the split really had
+        tasks = int(greedy) if greedy else round(evals[-1].get("val/episode/count", 0) / max(used.eval_attempts, 1))
+        settings = validation_settings(used, tasks or used.eval_examples)
         console.print(f"  held-out figures under the run's validation settings ({settings}); `rllm eval` "
                       "samples under its own (e.g. ≤ 512 tokens). Base vs "
                       f"trained as a user would compare them: rllm eval {used.benchmark} --model "

@@ -259,3 +259,19 @@ def test_streamed_text_never_leaks_the_stop_string(client: httpx.Client) -> None
                                                       "stop": stop})
     text = "".join(ch["delta"].get("content") or "" for ev in events[1:-1] for ch in ev["choices"])
     assert text == full[: full.find(stop)] and stop not in text
+
+
+def test_set_threads_applies_between_steps_and_returns_to_the_engines_own(server: RunningPolicyServer,
+                                                                          client: httpx.Client) -> None:
+    """Asynchronous RL lends the trainer cores for the length of an update: the engine thread takes the new
+    count at its next step and goes back to its own when told, answering exactly as before either way."""
+    engine = server.engine
+    own = engine._own_threads
+    before = chat(client, max_tokens=4, temperature=0, logprobs=True)
+    engine.set_threads(2 if own == 1 else 1)
+    during = chat(client, max_tokens=4, temperature=0, logprobs=True)
+    assert engine._threads_now == (2 if own == 1 else 1)
+    engine.set_threads(None)
+    chat(client, max_tokens=2)
+    assert engine._threads_now == own
+    assert during["choices"][0]["message"]["content"] == before["choices"][0]["message"]["content"]

@@ -27,6 +27,7 @@ def test_train_then_resume_on_arithmetic(tmp_path: Path) -> None:
     assert ("validation: 2 test tasks, 1 attempt each sampled at temperature 1, and greedy, ≤ 8 tokens per reply"
             in res.output)
     assert f"rllm eval arithmetic --model tiny-random  and  rllm eval arithmetic --model {out}" in res.output
+    assert "validation settings (2 test tasks, 1 attempt" in res.output  # the tasks evaluated, counted
     assert latest_checkpoint(out / "checkpoints") == out / "checkpoints" / "step_2"
     res = runner.invoke(build_app(), ["train", "arithmetic", "--max-steps", "1", "--output", str(out), *SMALL])
     assert res.exit_code == 1 and "already holds a training run" in res.output  # never mixed into

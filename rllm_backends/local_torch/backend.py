@@ -48,6 +48,7 @@ class LocalTorchBackend(BackendBase):
         self.server: Any = None
         self.policy_version = 0
         self.trainer_threads: int | None = None
+        self.server_threads_while_training: int | None = None
         self.thread_split: dict[str, float] = {}
         """With --max-staleness: the cores' split between the server and the trainer, logged every step."""
 
@@ -65,17 +66,7 @@ class LocalTorchBackend(BackendBase):
 
         check_device(config.device)  # before loading anything: a bad --device is one line, not a traceback
         self.config = config
-        options = parse_backend_options(LocalOptions, config.backend_options, "local")
-        if options.server_threads is None and self._server_threads:  # a caller's choice (tests, benchmarks)
-            options = options.model_copy(update={"server_threads": self._server_threads})
-        server_threads, self.trainer_threads = thread_budgets(options, config.max_staleness > 0,
-                                                              torch.get_num_threads())
-        self.thread_split = {"async/server_threads": float(server_threads or 0),
-                             "async/trainer_threads": float(self.trainer_threads or 0)} if config.max_staleness else {}
-        if config.max_staleness:
-            log.info("--max-staleness %d: the policy server samples on %d thread(s) while the trainer updates on "
-                     "%d (backend_options server_threads / trainer_threads)", config.max_staleness,
-                     server_threads, self.trainer_threads)
+        server_threads = self._plan_threads(config, torch.get_num_threads())
         torch.manual_seed(config.seed)
         _quiet_transformers()  # its "Loading weights" bar would cut into the training display
         loaded = self._loaded or load_model(config.model, dtype=torch.float32, device=config.device)
@@ -93,6 +84,24 @@ class LocalTorchBackend(BackendBase):
                                           default_adapter=SHARED_ADAPTER if config.roles else None,
                                           own_model=True)  # its own deep copy
         self.policy_version = int(self.server.policy_version)
+
+    def _plan_threads(self, config: TrainConfig, cores: int) -> int | None:
+        """The server's threads at start, and (with --max-staleness) the split that holds while an update runs:
+        the trainer's threads and the server's then (`thread_budgets`); outside updates the server has every
+        core. A server_threads given in backend_options (or to the constructor) is kept throughout."""
+        options = parse_backend_options(LocalOptions, config.backend_options, "local")
+        if options.server_threads is None and self._server_threads:  # a caller's choice (tests, benchmarks)
+            options = options.model_copy(update={"server_threads": self._server_threads})
+        server, self.trainer_threads = thread_budgets(options, config.max_staleness > 0, cores)
+        if not config.max_staleness:
+            return server
+        self.server_threads_while_training = server
+        self.thread_split = {"async/server_threads": float(server or 0),
+                             "async/trainer_threads": float(self.trainer_threads or 0)}
+        log.info("--max-staleness %d: while an update runs, the policy server samples on %d thread(s) and the "
+                 "trainer updates on %d (backend_options server_threads / trainer_threads)",
+                 config.max_staleness, server, self.trainer_threads)
+        return options.server_threads or cores
 
     def _require(self) -> None:
         if self.trainer is None or self.server is None:
@@ -117,12 +126,17 @@ class LocalTorchBackend(BackendBase):
             import torch
 
             torch.set_num_threads(self.trainer_threads)
+        if self.server_threads_while_training:  # the cores the update takes, given back when it is done
+            self.server.engine.set_threads(self.server_threads_while_training)
         try:
             metrics = self.trainer.train_step(rows)
         except BaseException:
             if released:  # the update failed and left the weights as they were: serve them again, same version
                 self.server.update_weights(self.trainer.serving_state_dict(), version=self.policy_version)
             raise
+        finally:
+            if self.server_threads_while_training:
+                self.server.engine.set_threads(None)
         release_free_memory()  # the update's transient gigabytes: RSS stays flat from step to step
         metrics.update(self.thread_split)
         versions = [r.policy_version for r in rows if r.policy_version is not None]
