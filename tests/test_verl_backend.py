@@ -88,7 +88,7 @@ def test_off_policy_correction_on_verl_equals_the_local_backends(tmp_path: Path,
         rows = sample_rows(local, n=5, max_tokens=config.max_tokens)
         def shift(row: TrainRow) -> TrainRow:
             pairs = enumerate(zip(row.sampling_logprobs, row.loss_mask, strict=True))
-            return row.model_copy(update={"sampling_logprobs": [lp + (0.6 if i % 2 else -0.4) * m
+            return row.model_copy(update={"sampling_logprobs": [lp + (0.6 if i % 2 else -0.6) * m
                                                                 for i, (lp, m) in pairs]})
 
         shifted = [shift(r) for r in rows]
