@@ -12,7 +12,9 @@ other rows, the padding of the block tables, or whether it was a decode row or o
 anywhere. The floating-point contract allows reassociation and fused multiply-add inside the loops (so they
 vectorise); the order is fixed when the function is compiled, not when it runs.
 
-numba is optional: without it, or for a pool that is not fp32 on the CPU, the torch path serves.
+numba is optional: without it, or for a pool that is not fp32 on the CPU, the torch path serves. A bf16 (or fp16)
+model on the CPU keeps its KV pool in fp32 (`kv_dtype`): the kernel serves it, its step's queries, keys and values
+are widened on the way in and the output narrowed on the way out, and the scores and sums stay fp32 as before.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["KernelPlan", "kernel_available", "kernel_plan", "paged_attend", "set_kernel_threads"]
+__all__ = ["KernelPlan", "kernel_available", "kernel_plan", "kv_dtype", "paged_attend", "set_kernel_threads"]
 
 log = logging.getLogger("rllm.serving.attention")
 
@@ -183,14 +185,27 @@ def set_kernel_threads(threads: int) -> None:
 _NO_ROPE = np.zeros((0, 1), dtype=np.float32)
 
 
+def kv_dtype(model_dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The KV pool's dtype for a model of `model_dtype`: fp32 for a half-precision model on the CPU, so the
+    compiled kernel serves it (numba has no bf16) with fp32 keys and values: its cache is twice the size, still
+    small beside the weights at these models' sizes; the model's own dtype otherwise."""
+    if device.type == "cpu" and model_dtype in (torch.bfloat16, torch.float16):
+        return torch.float32
+    return model_dtype
+
+
 def paged_attend(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, pool_keys: torch.Tensor,
                  pool_values: torch.Tensor, plan: KernelPlan, scale: float,
                  rope: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
     """query (T, H, D), key/value (T, kv_heads, D) of the step's tokens (any strides: views into one fused
     projection do) -> (T, H, D). Writes key/value into the pool slots first. `rope`: (cos, sin), each (T, D),
-    applied here to query and key (None: they are rotated already)."""
+    applied here to query and key (None: they are rotated already). Half-precision inputs are computed in fp32
+    (the pool's dtype, `kv_dtype`) and the output returned in their dtype."""
+    dtype = query.dtype
+    if dtype != torch.float32:
+        query, key, value = query.float(), key.float(), value.float()
     out = query.new_empty(query.shape)
     cos, sin = (rope[0].numpy(), rope[1].numpy()) if rope is not None else (_NO_ROPE, _NO_ROPE)
     _compiled(query.numpy(), pool_keys.numpy(), pool_values.numpy(), key.numpy(), value.numpy(), cos, sin,
               plan.slots, plan.tables, plan.seq_of, plan.pos, np.float32(scale), out.numpy())
-    return out
+    return out if dtype == torch.float32 else out.to(dtype)

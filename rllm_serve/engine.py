@@ -37,7 +37,7 @@ from typing import Literal
 import torch
 
 from rllm_core.errors import ConfigError
-from rllm_serve.attention_kernel import kernel_available, set_kernel_threads
+from rllm_serve.attention_kernel import kernel_available, kv_dtype, set_kernel_threads
 from rllm_serve.engine_requests import WeightRelease, WeightUpdate
 from rllm_serve.invariant import make_batch_invariant
 from rllm_serve.kv_pool import BLOCK_SIZE, KVPool, pool_shape
@@ -89,7 +89,7 @@ class DecodeEngine:
         self._threads_wanted: int | None = None
         self._threads_now = self._own_threads = 0
         layers, kv_heads, head_dim = pool_shape(self.model.config)
-        dtype = next(self.model.parameters()).dtype
+        dtype = kv_dtype(next(self.model.parameters()).dtype, self.device)
         per_block = KVPool.bytes_per_block(layers, kv_heads, head_dim, dtype)
         budget = int((DEFAULT_KV_CACHE_GB if kv_cache_gb is None else kv_cache_gb) * 2**30) // per_block
         enough = max_batch_size * -(-self._ctx // BLOCK_SIZE) + 1  # every row at full context: more is never needed

@@ -125,6 +125,8 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tables: to
     mask `visible_keys` gives (passed in when every layer of a pass shares it). Returns (R, kv_heads, m, D).
     """
     R, _, m, _ = q.shape
+    dtype = q.dtype
+    q = q.to(keys.dtype)  # a half-precision model's queries over its fp32 pool (attention_kernel.kv_dtype)
     width = pow2_width(tables.shape[1])
     if width > tables.shape[1]:
         tables = torch.cat([tables, tables.new_zeros(R, width - tables.shape[1])], 1)
@@ -144,7 +146,7 @@ def attend(q: torch.Tensor, keys: torch.Tensor, values: torch.Tensor, tables: to
     num, den = out_c * w[..., None], sum_c * w
     while num.shape[1] > 1:
         num, den = num[:, 0::2] + num[:, 1::2], den[:, 0::2] + den[:, 1::2]
-    return (num[:, 0] / den[:, 0, ..., None]).to(q.dtype)
+    return (num[:, 0] / den[:, 0, ..., None]).to(dtype)
 
 
 def paged_attention(module: torch.nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
