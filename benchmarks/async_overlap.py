@@ -20,19 +20,12 @@ from pathlib import Path
 
 from rich.console import Console
 
+from rllm_core.cpu_features import matmul_flags
 from rllm_testing.fake_upstream import start_fake_upstream
 from rllm_testing.recording_backend import RecordingBackend
 from rllm_testing.training import YesNoBenchmark, alternating_responder, yesno_config
 from rllm_train.backend import BackendCapabilities
 from rllm_train.loop import train
-
-
-def cpu_flags() -> str:
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split("flags\t\t: ", 1)[1].split("\n", 1)[0].split()
-    except (OSError, IndexError):
-        return "?"
-    return " ".join(f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"))
 
 
 def step_seconds(k: int, update_s: float, rollout_s: float, steps: int) -> float:
@@ -66,7 +59,7 @@ def main() -> None:
         for k in ks:
             runs[k].append(step_seconds(k, args.update_s, args.rollout_s, args.steps))
     ideal = max(args.update_s, args.rollout_s)
-    print(f"cpu flags: {cpu_flags()} · T_u {args.update_s:g} s, T_r {args.rollout_s:g} s, {args.steps} steps, "
+    print(f"cpu flags: {matmul_flags()} · T_u {args.update_s:g} s, T_r {args.rollout_s:g} s, {args.steps} steps, "
           f"{args.repeats} repeats (median) · ideal step max(T_u, T_r) = {ideal:g} s")
     print(f"{'K':>3}{'s/step':>10}{'steps/hour':>12}{'of ideal':>10}")
     for k in ks:

@@ -184,7 +184,7 @@ def start_ours(model: str, threads: int | None, max_batch: int, dtype: str) -> S
     """`rllm serve` (the torch engine) as a subprocess, so its memory and start-up are measured like vLLM's."""
     port = free_port("127.0.0.1")
     cmd = [sys.executable, "-m", "rllm", "serve", "--model", model, "--port", str(port),
-           "--max-batch-size", str(max_batch), "--dtype", dtype]
+           "--max-batch-size", str(max_batch), *(["--dtype", dtype] if dtype != "own" else [])]
     if threads:
         cmd += ["--threads", str(threads)]
     return spawn_server(cmd, port, label="ours")
@@ -204,7 +204,7 @@ def start_vllm(model: str, threads: int | None, max_batch: int, dtype: str, extr
     port = free_port("127.0.0.1")
     exe = [str(py), "-m", "vllm.entrypoints.openai.api_server", "--model"]  # the model path follows
     cmd = build_vllm_command(model_dir(model), "127.0.0.1", port, model, [
-        "--dtype", dtype, "--max-num-seqs", str(max_batch), *extra], executable=exe)
+        *(["--dtype", dtype] if dtype != "own" else []), "--max-num-seqs", str(max_batch), *extra], executable=exe)
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": os.environ.get("VLLM_CPU_KVCACHE_SPACE", "4")}
     if bind == "all":
         env.setdefault("VLLM_CPU_OMP_THREADS_BIND", f"0-{(threads or os.cpu_count() or 1) - 1}")

@@ -15,22 +15,13 @@ cosine with it.
 from __future__ import annotations
 
 import argparse
-import platform
 import statistics
-from pathlib import Path
 
 import torch
 
+from rllm_core.cpu_features import matmul_flags
 from rllm_train.algorithms import policy_loss_with_metrics
 from rllm_train.algorithms.correction import correction_weights
-
-
-def cpu_flags() -> str:
-    try:
-        flags = Path("/proc/cpuinfo").read_text().split("flags\t\t: ", 1)[1].split("\n", 1)[0].split()
-    except (OSError, IndexError):
-        return platform.processor() or "?"
-    return " ".join(f for f in flags if f in ("avx2", "avx512f", "avx512_bf16", "amx_bf16", "amx_tile"))
 
 
 def estimate(theta: torch.Tensor, mu_logits: torch.Tensor, rewards: torch.Tensor, n: int, mode: str,
@@ -69,7 +60,7 @@ def main() -> None:
     exact = pi * (rewards - (pi * rewards).sum())  # ∇_θ E_π[r] for a softmax policy
     mu = torch.softmax(mu_logits, -1)
     kl = float((mu * (mu.log() - pi.log())).sum())
-    print(f"cpu flags: {cpu_flags()} · torch {torch.__version__} · {k} actions, {args.tokens} tokens, "
+    print(f"cpu flags: {matmul_flags()} · torch {torch.__version__} · {k} actions, {args.tokens} tokens, "
           f"{args.repeats} repeats, KL(μ‖π) = {kl:.3f}")
     print(f"{'estimate':<34}{'rel. L2 error (median)':>24}{'cosine (median)':>18}")
     for label, mode, threshold in (("uncorrected (μ's tokens as π's)", "none", "2.0"),

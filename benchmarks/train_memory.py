@@ -27,21 +27,14 @@ import threading
 import time
 from pathlib import Path
 
+from rllm_core.cpu_features import matmul_flags
+
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_servers import RssSampler, split_passthrough  # a sibling script, not a package
 
 GIB = 2**30
 
 
-def cpu_flags() -> str:
-    """The CPU's matmul-relevant flags, printed beside every figure (machines of this project differ)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return "unknown"
-    keep = [f for f in flags if f.startswith(("amx", "avx512_bf16", "avx512_vnni", "avx512f", "avx2"))]
-    return " ".join(sorted(keep)) or "none of avx2/avx512/amx"
 
 
 def _last_step(metrics: Path) -> int:
@@ -135,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.model:
             cmd += ["--model", args.model]
         cmd += extra
-        print(f"CPU flags: {cpu_flags()}  ·  {os.cpu_count()} cores")
+        print(f"CPU flags: {matmul_flags()}  ·  {os.cpu_count()} cores")
         print("+ " + " ".join(cmd[2:]), flush=True)
         rc, wall, per_step = measure(cmd, run, Path(tmp) / "train.log")
         if rc != 0:
@@ -157,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
     total = sum(usage.values())
     print(f"run directory {total / 2**20:.0f} MiB: " + ", ".join(f"{k} {v / 2**20:.0f} MiB" for k, v in usage.items()))
     if args.json:
-        args.json.write_text(json.dumps({"cpu_flags": cpu_flags(), "per_step_rss": per_step, "peak_rss": peak,
+        args.json.write_text(json.dumps({"cpu_flags": matmul_flags(), "per_step_rss": per_step, "peak_rss": peak,
                                          "growth_after_step5_pct": growth, "growth_window_medians_pct": trend,
                                          "disk": usage, "wall_s": wall,
                                          "command": cmd[2:]}, indent=2))

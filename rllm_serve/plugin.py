@@ -41,8 +41,9 @@ def serve_command(
     max_batch_size: int | None = typer.Option(None, "--max-batch-size", min=1,
                                               help="Most sequences decoded together (torch default 32; vLLM's "
                                                    "--max-num-seqs)."),
-    dtype: DType | None = typer.Option(None, "--dtype", help="Weights dtype (torch default float32; vLLM's own "
-                                                            "default otherwise)."),
+    dtype: DType | None = typer.Option(None, "--dtype", help="Weights dtype (torch engine: bfloat16 where the "
+                                                            "CPU/GPU computes it natively, else float32; vLLM: "
+                                                            "its own default)."),
     device: str = typer.Option("cpu", "--device", help="torch device, e.g. cpu or cuda:0 (torch engine)."),
     vllm_arg: list[str] = typer.Option([], "--vllm-arg", help="Extra argument passed to `vllm serve` (repeatable)."),
     kv_cache_gb: float | None = typer.Option(None, "--kv-cache-gb", min=0.001,
@@ -88,10 +89,18 @@ def _start(model: str, host: str, port: int, engine: Engine, threads: int | None
         return server.start()
     import torch
 
+    from rllm_core.cpu_features import matmul_flags
     from rllm_serve import load_model, start_policy_server
+    from rllm_serve.models import default_dtype
 
+    if dtype is None:
+        chosen, why = default_dtype(device)
+        console.print(f"dtype {str(chosen).removeprefix('torch.')}: {why} (CPU flags: {matmul_flags()}); "
+                      "--dtype overrides", highlight=False)
+    else:
+        chosen = getattr(torch, dtype.value)
     with console.status(f"loading {model} ..."):
-        loaded = load_model(model, dtype=getattr(torch, (dtype or DType.float32).value), device=device)
+        loaded = load_model(model, dtype=chosen, device=device)
     return start_policy_server(loaded, host=host, port=port, max_batch_size=max_batch_size or 32, threads=threads,
                                kv_cache_gb=kv_cache_gb, swap_mode=swap_mode,  # type: ignore[arg-type]
                                own_model=True)

@@ -128,6 +128,10 @@ def test_rllm_serve_tiny_random_prints_its_url_and_serves() -> None:
             _, err = proc.communicate()
     assert proc.returncode == 0, err
     assert "rllm gateway --upstream" in err
+    from rllm_core.cpu_features import native_bf16
+
+    assert ("dtype bfloat16: this CPU computes bf16 natively" if native_bf16() else "dtype float32:") in err
+    assert "CPU flags: " in err and "--dtype overrides" in err  # the choice is printed, with why
     assert "rllm serve: stopping (signal received)" in err  # a log says why the server ended
 
 

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
+from rllm_core.cpu_features import native_bf16
 from rllm_core.rewards import RewardResult
 from rllm_core.types import Task
 from rllm_envs.rewards.math import grade_math
@@ -42,17 +43,6 @@ LEVELS = (
 _DEFAULT_ROWS = {"train": 1000, "test": 200}
 
 
-def cpu_has_native_bf16() -> bool:
-    """True when this CPU has bf16 matmul instructions (AVX512-BF16 or AMX), read from /proc/cpuinfo (Linux; False
-    elsewhere, so the recommendation is never a slowdown)."""
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            flags = next((line.split(":", 1)[1].split() for line in f if line.startswith("flags")), [])
-    except OSError:
-        return False
-    return "avx512_bf16" in flags or "amx_bf16" in flags
-
-
 def _is_test(a: int, op: str, b: int) -> bool:
     """One problem in five is a test problem, by a hash that never changes."""
     return hashlib.sha256(f"{a}{op}{b}".encode()).digest()[0] % 5 == 0
@@ -76,7 +66,7 @@ class Arithmetic(Benchmark):
     # 6.5 s a step): memory a laptop can plan for is the better default for the job everyone runs first.
     @property
     def train_defaults(self) -> Mapping[str, Any]:  # type: ignore[override]
-        return {"max_tokens": 12, "lr": 5e-6, "bf16": cpu_has_native_bf16(), "eval_every": 10, "eval_greedy": True,
+        return {"max_tokens": 12, "lr": 5e-6, "bf16": native_bf16(), "eval_every": 10, "eval_greedy": True,
                 "gradient_checkpointing": True}
 
     def __init__(self, level: Level) -> None:
