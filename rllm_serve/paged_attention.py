@@ -27,16 +27,15 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from rllm_serve.attention_kernel import KernelPlan, paged_attend
+from rllm_serve.gemm_rows import GEMM_ROW_BLOCK  # measured on this CPU (4 rows on AVX2 / AVX512 machines)
 
 __all__ = ["GEMM_ROW_BLOCK", "PAGED_ATTENTION", "Segment", "StepPlan", "attend", "current_plan", "plan_scope",
            "pow2_width", "visible_keys"]
 
-GEMM_ROW_BLOCK = 4
-"""CPU matmuls compute rows in blocks of 4 and the 1-3 rows left over with other kernels (other bits): every
-matmul whose row count varies with the batch is fed a multiple of this many rows."""
 PAGED_ATTENTION = "rllm_paged"
 QUERY_CHUNK = 256
-"""Prefill queries attended per call (bounds the score tensor; a multiple of 4 so chunking changes no bits)."""
+"""Prefill queries attended per call (bounds the score tensor; a multiple of every row block gemm_rows may measure,
+so chunking changes no bits)."""
 
 
 @dataclass

@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from test_engine_paged import fresh_logprobs, submit
+from test_engine_paged import assert_same_sample, fresh_logprobs, submit
 
 from rllm_serve import load_model
 from rllm_serve.attention_kernel import kernel_available, kv_dtype
@@ -70,7 +70,7 @@ def test_a_seeded_bf16_request_is_the_same_bits_alone_and_batched(engine: Decode
     again = submit(engine, prompt, n=2, max_tokens=20, temperature=1.0, seed=7, ignore_eos=True)
     assert again.done.wait(60) and all(j.done.wait(60) for j in noise)
     for c in range(2):
-        assert alone.tokens(c) == again.tokens(c) and alone.logprobs(c) == again.logprobs(c)
+        assert_same_sample(alone, again, c)
 
 
 def test_the_default_dtype_follows_the_hardware(monkeypatch: pytest.MonkeyPatch) -> None:
