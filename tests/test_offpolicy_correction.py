@@ -113,7 +113,9 @@ def test_the_local_trainer_weights_its_loss_and_the_other_backends_refuse_by_nam
                          recompute_old_logprobs=True, bf16=False, lr=1e-3)
     from rllm_backends.verl.backend import VerlBackend
 
-    for backend, caps in (("verl", VerlBackend(config).capabilities()), ("a backend", BackendCapabilities())):
+    on_gpu = VerlBackend(config.model_copy(update={"device": "cuda"})).capabilities()  # no π_prox pass there
+    assert VerlBackend(config).capabilities().rollout_is  # the CPU path hands verl its rollout_is_weights
+    for backend, caps in (("verl", on_gpu), ("a backend", BackendCapabilities())):
         with pytest.raises(ConfigError, match=r"--rollout-is token \(supported: none"):
             check_capabilities(config, caps, backend)
     # a stale sampler: its logprobs far from the trainer's on half the tokens, so masked IS drops them
@@ -124,3 +126,6 @@ def test_the_local_trainer_weights_its_loss_and_the_other_backends_refuse_by_nam
     metrics = trainer.train_step(rows)
     assert 0.0 < metrics["train/rollout_corr/is_fraction_masked"] <= 1.0
     assert metrics["train/rollout_corr/k3_kl"] > 0 and "train/rollout_corr/is_mean" in metrics
+    # the mismatch is logged on every step, corrected or not: here the trainer's π_prox is π, so they agree
+    assert metrics["train/mismatch_kl"] == pytest.approx(metrics["train/rollout_corr/kl"], abs=1e-6)
+    assert metrics["train/mismatch_k3_kl"] == pytest.approx(metrics["train/rollout_corr/k3_kl"], abs=1e-6)

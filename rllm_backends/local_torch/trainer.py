@@ -46,7 +46,7 @@ from rllm_backends.local_torch.packed_rows import first_trained
 from rllm_core.errors import ConfigError, TrainingError
 from rllm_serve.heap import release_free_memory
 from rllm_train.algorithms import policy_loss_with_metrics
-from rllm_train.algorithms.correction import correction_weights, offpolicy_metrics
+from rllm_train.algorithms.correction import correction_weights, mismatch_metrics, offpolicy_metrics
 from rllm_train.backend import parse_backend_options
 from rllm_train.config import TrainConfig
 from rllm_train.packing import TrainRow
@@ -152,6 +152,7 @@ def check_device(device: str) -> torch.device:
     elif dev.type != "cpu":
         raise ConfigError(f"--device {device!r}: the local backend runs on cpu or one CUDA GPU")
     return dev
+
 
 
 class TorchTrainer:
@@ -321,6 +322,7 @@ class TorchTrainer:
                     token_denominator=token_denom, seq_denominator=seq_denom, norm_tokens=cfg.max_tokens,
                     is_weights=weights_BT)
                 metrics.update(corr)
+                metrics.update(mismatch_metrics(logp_BT.detach().float(), behaviour_BT, mask_BT))
             if math.isfinite(float(loss.detach())):
                 loss.backward()
         except (torch.OutOfMemoryError, RuntimeError) as exc:

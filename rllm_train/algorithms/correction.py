@@ -26,7 +26,7 @@ import torch
 from rllm_core.errors import ConfigError
 from rllm_train.algorithms.names import parse_threshold
 
-__all__ = ["SAFETY_BOUND", "IsLevel", "correction_weights", "offpolicy_metrics", "parse_threshold"]
+__all__ = ["SAFETY_BOUND", "IsLevel", "correction_weights", "mismatch_metrics", "offpolicy_metrics", "parse_threshold"]
 
 SAFETY_BOUND = 20.0
 IsLevel = Literal["token", "sequence"]
@@ -94,3 +94,15 @@ def offpolicy_metrics(prox_BT: torch.Tensor, behaviour_BT: torch.Tensor, mask_BT
         "log_ppl_diff": float(log_ppl_diff_B.mean()),
         "log_ppl_abs_diff": float(log_ppl_diff_B.abs().mean()),
     }
+
+
+def mismatch_metrics(trainer_BT: torch.Tensor, sampler_BT: torch.Tensor, mask_BT: torch.Tensor) -> dict[str, float]:
+    """KL(μ‖π) between the sampler's log-probs μ and the trainer's π on the sampled tokens, before this step's
+    update (rllm takes one optimizer step per batch, so every micro-batch's forward is pre-update): as k1 (the
+    log-ratio's mean, verl's `rollout_corr/kl`) and k3 (non-negative). It is the sampler/trainer numerics gap (a bf16
+    server, another engine) plus, in asynchronous runs, the versions the sampler lagged; logged every step so a
+    faster sampler's cost is measured, and `--rollout-is` corrects it."""
+    n = mask_BT.sum().clamp(min=1.0)
+    log_ratio = (trainer_BT - sampler_BT) * mask_BT
+    return {"mismatch_kl": float(-log_ratio.sum() / n),
+            "mismatch_k3_kl": float(((torch.exp(log_ratio) - log_ratio - 1) * mask_BT).sum() / n)}
