@@ -77,13 +77,26 @@ class LocalTorchBackend(BackendBase):
             self.trainer = TorchTrainer(loaded.model, config, pad_token_id=int(pad))
             serve_copy.model = copy.deepcopy(self.trainer.model).eval().requires_grad_(False)
         else:
-            serve_copy.model = copy.deepcopy(loaded.model).eval()
+            serve_copy.model = copy.deepcopy(loaded.model).eval().to(self._server_dtype(config))
             self.trainer = TorchTrainer(loaded.model, config, pad_token_id=int(pad))
         self.server = start_policy_server(serve_copy, max_batch_size=self._max_batch_size,
                                           threads=server_threads,
                                           default_adapter=SHARED_ADAPTER if config.roles else None,
                                           own_model=True)  # its own deep copy
         self.policy_version = int(self.server.policy_version)
+
+    def _server_dtype(self, config: TrainConfig) -> Any:
+        """The served copy's dtype (`server_dtype`; a per-role server keeps the trainer's, its adapters train)."""
+        import torch
+
+        from rllm_serve.models import default_dtype
+
+        chosen = parse_backend_options(LocalOptions, config.backend_options, "local").server_dtype
+        if chosen == "auto":
+            dtype, why = default_dtype(config.device)
+            log.info("policy server in %s: %s (backend_options server_dtype)", dtype, why)
+            return dtype
+        return getattr(torch, chosen)
 
     def _plan_threads(self, config: TrainConfig, cores: int) -> int | None:
         """The server's threads at start, and (with --max-staleness) the split that holds while an update runs:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
@@ -22,6 +22,11 @@ class LocalOptions(BaseModel):
     """Tokens per packed micro-batch (default: --micro-batch-size × --max-seq-len, at most 2048): lower it when
     a step runs out of memory, raise it to pack more rows per forward pass."""
 
+    server_dtype: Literal["float32", "bfloat16", "auto"] = "float32"
+    """The policy server's weights dtype (the trainer keeps fp32 master weights): auto is bf16 where the CPU has
+    AVX512-BF16 / AMX (or the GPU supports it), as `rllm serve` picks. A bf16 sampler is faster and differs from
+    the trainer's numbers: `train/mismatch_kl` measures it, `--recompute-old-logprobs --rollout-is token`
+    corrects it."""
     server_threads: int | None = None
     """torch threads of the policy server's engine (default: torch's; with --max-staleness, half the cores)."""
     trainer_threads: int | None = None
