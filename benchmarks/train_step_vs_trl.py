@@ -1,7 +1,10 @@
 """One GRPO step, ours vs TRL's GRPOTrainer, on the same model, prompts, group size and completion length.
 
-Both sides: fp32, no gradient checkpointing, β = 0 (no reference model), temperature 1, the same reward
-(1 when the completion contains the right sum, else 0), the same learning rate. A step = sample G
+Both sides: the same dtype (`--dtype`: fp32; bf16, ours training under bf16 autocast and sampling from a bf16
+policy server, TRL with `bf16=True`; best, the default: bf16 where the CPU has AVX512-BF16 / AMX, else fp32 —
+each at its best dtype for the CPU, the CPU flags printed), no gradient checkpointing, β = 0 (no reference
+model), temperature 1, the same reward (1 when the completion contains the right sum, else 0), the same learning
+rate. A step = sample G
 completions for each of P prompts + one optimizer update (+ for us, pushing the weights into the policy
 server). The first step of each run is a warm-up and is not timed.
 
@@ -33,6 +36,7 @@ from typing import Any
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import rllm_core.cpu_runtime  # noqa: F401  (bounds OpenMP spinning and the oneDNN cache before torch loads)
+from rllm_core.cpu_features import matmul_flags, native_bf16
 
 
 def make_prompts(n: int, seed: int = 0) -> list[tuple[str, int]]:
@@ -68,7 +72,7 @@ def run_trl(args: argparse.Namespace, prompts: list[tuple[str, int]]) -> dict[st
         output_dir=tempfile.mkdtemp(prefix="trl-"), per_device_train_batch_size=n_completions,
         num_generations=args.group_size, max_completion_length=args.max_tokens, learning_rate=args.lr,
         max_steps=args.steps + 1, logging_steps=1, report_to="none", use_cpu=args.device == "cpu",
-        gradient_checkpointing=False, beta=0.0, temperature=1.0, save_strategy="no", bf16=False,
+        gradient_checkpointing=False, beta=0.0, temperature=1.0, save_strategy="no", bf16=args.bf16,
         shuffle_dataset=False, seed=0,
     )
     times: list[float] = []
@@ -122,7 +126,8 @@ def run_ours(args: argparse.Namespace, prompts: list[tuple[str, int]]) -> dict[s
                          max_tokens=args.max_tokens, lr=args.lr, max_steps=args.steps + 1, eval_examples=0,
                          save_every=10**6, output=str(out), micro_batch_size=args.micro_batch_size,
                          temperature=1.0, device=args.device, concurrency=args.prompts * args.group_size,
-                         save_episodes=False, keep_checkpoints=1)
+                         save_episodes=False, keep_checkpoints=1, bf16=args.bf16,
+                         backend_options={"server_dtype": "bfloat16" if args.bf16 else "float32"})
     backend = LocalTorchBackend(config, loaded=load_model(args.model), max_batch_size=args.prompts * args.group_size)
     try:
         result = asyncio.run(atrain(config, backend=backend, benchmark=Sums(), progress=False))
@@ -165,9 +170,13 @@ def main() -> None:
     ap.add_argument("--lr", type=float, default=1e-6)
     ap.add_argument("--device", default="cpu")
     ap.add_argument("--out", default="benchmarks/results/train_step_vs_trl.json")
+    ap.add_argument("--dtype", choices=["best", "fp32", "bf16"], default="best",
+                    help="both sides' dtype (best: bf16 where the CPU computes it natively, else fp32)")
     args = ap.parse_args()
     if args.repeats < 1 or args.steps < 1:
         ap.error("--repeats and --steps must be ≥ 1")
+    args.bf16 = args.dtype == "bf16" or (args.dtype == "best" and native_bf16())
+    print(f"CPU flags: {matmul_flags()} · dtype {'bf16' if args.bf16 else 'fp32'} (--dtype {args.dtype})", flush=True)
     prompts = make_prompts(args.prompts)
     ours_runs: list[dict[str, Any]] = []
     trl_runs: list[dict[str, Any]] = []
