@@ -316,7 +316,6 @@ def model_dir(name_or_path: str) -> str:
     return os.path.expanduser(name_or_path)
 
 
-@_quiet_hf_progress()
 def default_dtype(device: str = "cpu") -> tuple[torch.dtype, str]:
     """The weights dtype a server starts with on `device` when none is asked, and why (it is printed): bf16 where
     the hardware computes it natively (a CUDA GPU that supports it; a CPU with AVX512-BF16 or AMX, where the
@@ -334,6 +333,7 @@ def default_dtype(device: str = "cpu") -> tuple[torch.dtype, str]:
     return torch.float32, "this CPU has no bf16 matmul instructions" if device == "cpu" else f"device {device}"
 
 
+@_quiet_hf_progress()
 def load_model(name_or_path: str = "smollm2-135m", dtype: torch.dtype = torch.float32,
                device: str = "cpu", resolve_runs: bool = True) -> LoadedModel:
     """Load a causal LM and its tokenizer, in eval mode on `device`.

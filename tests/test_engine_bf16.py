@@ -83,3 +83,25 @@ def test_the_default_dtype_follows_the_hardware(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(cpu_features, "native_bf16", lambda: False)
     assert default_dtype("cpu") == (torch.float32, "this CPU has no bf16 matmul instructions")
     assert cpu_features.matmul_flags()  # printed beside every figure
+
+
+def test_the_local_backend_samples_from_a_bf16_server_and_logs_the_mismatch(tmp_path) -> None:
+    """backend_options server_dtype bfloat16: the server's copy is bf16 (the trainer's stays fp32), a sync casts
+    the trainer's weights into it, and train/mismatch_kl measures the gap the faster sampler opens."""
+    from rllm_backends.local_torch.backend import LocalTorchBackend
+    from rllm_testing.backend_contract import sample_rows
+    from rllm_train.config import TrainConfig
+
+    config = TrainConfig(model="tiny-random", output=str(tmp_path / "run"), lr=1e-3, bf16=False,
+                         backend_options={"server_dtype": "bfloat16"})
+    backend = LocalTorchBackend()
+    backend.setup(config)
+    try:
+        assert backend.server.engine.model.dtype == torch.bfloat16
+        assert next(backend.trainer.model.parameters()).dtype == torch.float32
+        metrics = backend.train_step(sample_rows(backend, n=4, max_tokens=6))
+        assert metrics["train/mismatch_k3_kl"] > 0  # bf16 sampling against an fp32 trainer: not the same numbers
+        assert backend.sync_weights() == 1
+        assert len(sample_rows(backend, n=2, max_tokens=4)) == 2  # it serves the trainer's weights, cast
+    finally:
+        backend.shutdown()
