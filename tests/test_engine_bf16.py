@@ -9,7 +9,7 @@ from collections.abc import Iterator
 
 import pytest
 import torch
-from test_engine_paged import assert_same_sample, fresh_logprobs, submit
+from test_engine_paged import check_seeded_alone_and_batched, fresh_logprobs, submit
 
 from rllm_serve import load_model
 from rllm_serve.attention_kernel import kernel_available, kv_dtype
@@ -62,15 +62,7 @@ def test_a_bf16_model_serves_on_the_kernel_with_packed_weights(engine: DecodeEng
 
 
 def test_a_seeded_bf16_request_is_the_same_bits_alone_and_batched(engine: DecodeEngine) -> None:
-    prompt = list(range(300, 370))
-    alone = submit(engine, prompt, n=2, max_tokens=20, temperature=1.0, seed=7, ignore_eos=True)
-    assert alone.done.wait(60)
-    noise = [submit(engine, list(range(500 + i, 530 + 9 * i)), n=2, max_tokens=30, temperature=1.0)
-             for i in range(4)]
-    again = submit(engine, prompt, n=2, max_tokens=20, temperature=1.0, seed=7, ignore_eos=True)
-    assert again.done.wait(60) and all(j.done.wait(60) for j in noise)
-    for c in range(2):
-        assert_same_sample(alone, again, c)
+    check_seeded_alone_and_batched(engine, list(range(300, 370)), n=2, seed=7)
 
 
 def test_the_default_dtype_follows_the_hardware(monkeypatch: pytest.MonkeyPatch) -> None:

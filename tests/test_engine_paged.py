@@ -203,16 +203,21 @@ def test_exact_logprobs_with_shared_prompts_branching_groups_and_multi_turn_reus
     assert engine.stats()["prefix_hit_blocks"] - hits >= len(history) // 32 - 1
 
 
-def test_a_seeded_request_is_the_same_bits_alone_batched_and_from_the_prefix_cache(engine: DecodeEngine) -> None:
-    prompt = list(range(100, 180))
-    alone = submit(engine, prompt, n=3, max_tokens=20, temperature=1.0, seed=5, ignore_eos=True)
+def check_seeded_alone_and_batched(engine: DecodeEngine, prompt: list[int], n: int, seed: int) -> None:
+    """A seeded request, alone and then again among other requests (its prompt then from the prefix cache),
+    samples the same (`assert_same_sample`)."""
+    alone = submit(engine, prompt, n=n, max_tokens=20, temperature=1.0, seed=seed, ignore_eos=True)
     assert alone.done.wait(60)
     noise = [submit(engine, list(range(200 + i, 240 + 7 * i)), n=2, max_tokens=40, temperature=1.0)
              for i in range(4)]
-    again = submit(engine, prompt, n=3, max_tokens=20, temperature=1.0, seed=5, ignore_eos=True)
+    again = submit(engine, prompt, n=n, max_tokens=20, temperature=1.0, seed=seed, ignore_eos=True)
     assert again.done.wait(60) and all(j.done.wait(60) for j in noise)
-    for c in range(3):
+    for c in range(n):
         assert_same_sample(alone, again, c)
+
+
+def test_a_seeded_request_is_the_same_bits_alone_batched_and_from_the_prefix_cache(engine: DecodeEngine) -> None:
+    check_seeded_alone_and_batched(engine, list(range(100, 180)), n=3, seed=5)
 
 
 def test_eviction_and_preemption_under_memory_pressure_keep_every_request_exact(loaded: LoadedModel,
