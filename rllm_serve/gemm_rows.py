@@ -86,5 +86,6 @@ def measure_row_block() -> tuple[int, bool]:
                 "none" if block is None else block, "invariant" if wide else "not invariant")
     return block or CANDIDATES[-1], False
 
+
 GEMM_ROW_BLOCK, BATCH_INVARIANT = measure_row_block()
 """Every matmul whose row count varies with the batch is fed a multiple of GEMM_ROW_BLOCK rows."""

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import time
+from collections import Counter
 from collections.abc import Callable, Coroutine, Sequence
 from typing import Any
 
@@ -80,14 +81,14 @@ def drop_stale(groups: list[TrajectoryGroup], trainer_version: int, max_stalenes
     counts, the staleness of what is kept and a histogram of every trajectory's staleness
     (`async/staleness_hist/<versions behind>`)."""
     dropped, kept, out = 0, [], []
-    histogram: dict[int, int] = {}
+    histogram: Counter[int] = Counter()
     for group in groups:
         fresh = []
         for trajectory in group.trajectories:
             oldest = oldest_version(trajectory.steps)
             behind = None if oldest is None else trainer_version - oldest
             if behind is not None:
-                histogram[behind] = histogram.get(behind, 0) + 1
+                histogram[behind] += 1
             if rule == "drop" and behind is not None and behind > max_staleness:
                 dropped += 1
                 continue

@@ -49,8 +49,7 @@ class LocalTorchBackend(BackendBase):
         self.policy_version = 0
         self.trainer_threads: int | None = None
         self.server_threads_while_training: int | None = None
-        self.thread_split: dict[str, float] = {}
-        """With --max-staleness: the cores' split between the server and the trainer, logged every step."""
+        """With --max-staleness: the server's threads while an update runs (the trainer has `trainer_threads`)."""
 
     def capabilities(self) -> BackendCapabilities:
         """Every loss option (the loss is ours, computed here); the server holds its own copy of the weights, so
@@ -66,7 +65,8 @@ class LocalTorchBackend(BackendBase):
 
         check_device(config.device)  # before loading anything: a bad --device is one line, not a traceback
         self.config = config
-        server_threads = self._plan_threads(config, torch.get_num_threads())
+        options = parse_backend_options(LocalOptions, config.backend_options, "local")
+        server_threads = self._plan_threads(options, config.max_staleness, torch.get_num_threads())
         torch.manual_seed(config.seed)
         _quiet_transformers()  # its "Loading weights" bar would cut into the training display
         loaded = self._loaded or load_model(config.model, dtype=torch.float32, device=config.device)
@@ -77,7 +77,7 @@ class LocalTorchBackend(BackendBase):
             self.trainer = TorchTrainer(loaded.model, config, pad_token_id=int(pad))
             serve_copy.model = copy.deepcopy(self.trainer.model).eval().requires_grad_(False)
         else:
-            serve_copy.model = copy.deepcopy(loaded.model).eval().to(self._server_dtype(config))
+            serve_copy.model = copy.deepcopy(loaded.model).eval().to(_server_dtype(options, config.device))
             self.trainer = TorchTrainer(loaded.model, config, pad_token_id=int(pad))
         self.server = start_policy_server(serve_copy, max_batch_size=self._max_batch_size,
                                           threads=server_threads,
@@ -85,35 +85,19 @@ class LocalTorchBackend(BackendBase):
                                           own_model=True)  # its own deep copy
         self.policy_version = int(self.server.policy_version)
 
-    def _server_dtype(self, config: TrainConfig) -> Any:
-        """The served copy's dtype (`server_dtype`; a per-role server keeps the trainer's, its adapters train)."""
-        import torch
-
-        from rllm_serve.models import default_dtype
-
-        chosen = parse_backend_options(LocalOptions, config.backend_options, "local").server_dtype
-        if chosen == "auto":
-            dtype, why = default_dtype(config.device)
-            log.info("policy server in %s: %s (backend_options server_dtype)", dtype, why)
-            return dtype
-        return getattr(torch, chosen)
-
-    def _plan_threads(self, config: TrainConfig, cores: int) -> int | None:
+    def _plan_threads(self, options: LocalOptions, max_staleness: int, cores: int) -> int | None:
         """The server's threads at start, and (with --max-staleness) the split that holds while an update runs:
         the trainer's threads and the server's then (`thread_budgets`); outside updates the server has every
         core. A server_threads given in backend_options (or to the constructor) is kept throughout."""
-        options = parse_backend_options(LocalOptions, config.backend_options, "local")
         if options.server_threads is None and self._server_threads:  # a caller's choice (tests, benchmarks)
             options = options.model_copy(update={"server_threads": self._server_threads})
-        server, self.trainer_threads = thread_budgets(options, config.max_staleness > 0, cores)
-        if not config.max_staleness:
+        server, self.trainer_threads = thread_budgets(options, max_staleness > 0, cores)
+        if not max_staleness:
             return server
         self.server_threads_while_training = server
-        self.thread_split = {"async/server_threads": float(server or 0),
-                             "async/trainer_threads": float(self.trainer_threads or 0)}
         log.info("--max-staleness %d: while an update runs, the policy server samples on %d thread(s) and the "
                  "trainer updates on %d (backend_options server_threads / trainer_threads)",
-                 config.max_staleness, server, self.trainer_threads)
+                 max_staleness, server, self.trainer_threads)
         return options.server_threads or cores
 
     def _require(self) -> None:
@@ -151,7 +135,9 @@ class LocalTorchBackend(BackendBase):
             if self.server_threads_while_training:
                 self.server.engine.set_threads(None)
         release_free_memory()  # the update's transient gigabytes: RSS stays flat from step to step
-        metrics.update(self.thread_split)
+        if self.server_threads_while_training:  # the split, logged every step
+            metrics.update({"async/server_threads": float(self.server_threads_while_training),
+                            "async/trainer_threads": float(self.trainer_threads or 0)})
         versions = [r.policy_version for r in rows if r.policy_version is not None]
         if versions:
             metrics["train/policy_staleness_max"] = float(self.policy_version - min(versions))
@@ -181,6 +167,19 @@ class LocalTorchBackend(BackendBase):
         if self.server is not None:
             self.server.stop()
             self.server = None
+
+
+def _server_dtype(options: LocalOptions, device: str) -> Any:
+    """The served copy's dtype (`server_dtype`; a per-role server keeps the trainer's, its adapters train)."""
+    import torch
+
+    from rllm_serve.models import default_dtype
+
+    if options.server_dtype == "auto":
+        dtype, why = default_dtype(device)
+        log.info("policy server in %s: %s (backend_options server_dtype)", dtype, why)
+        return dtype
+    return getattr(torch, options.server_dtype)
 
 
 def _quiet_transformers() -> None:

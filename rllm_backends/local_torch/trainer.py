@@ -154,7 +154,6 @@ def check_device(device: str) -> torch.device:
     return dev
 
 
-
 class TorchTrainer:
     """Owns the trainable model, its optimizer and schedule; `train_step(rows)` is one update."""
 

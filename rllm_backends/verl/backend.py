@@ -80,8 +80,6 @@ class VerlBackend(BackendBase):
         self._ray: Any = None
         self.tokenizer: Any = None
         self.pad_token_id = 0
-        self._correction: dict[str, float] = {}
-        """The off-policy correction's metrics of the update in flight (--rollout-is)."""
 
     def capabilities(self) -> BackendCapabilities:
         gpu = self.placement == "cuda"
@@ -184,26 +182,26 @@ class VerlBackend(BackendBase):
     def _update(self, data: Any, rows: list[TrainRow]) -> dict[str, float]:
         import ray
 
+        correction: dict[str, float] = {}
         try:
             if self.config.recompute_old_logprobs:
-                data = self._with_recomputed_old_logprobs(data)
+                correction = self._recompute_old_logprobs(data)
             raw = self._cluster.update(data) if self._cluster is not None else ray.get(self._actor.update.remote(data))
         except ray.exceptions.RayError as exc:
             raise TrainingError(f"verl's update failed: {_last_line(exc)}") from None
         self.steps_done += 1
-        metrics = _rename_metrics(raw, rows)
-        metrics.update(self._correction)
-        self._correction = {}
-        return metrics
+        return {**_rename_metrics(raw, rows), **correction}
 
-    def _with_recomputed_old_logprobs(self, data: Any) -> Any:
+    def _recompute_old_logprobs(self, data: Any) -> dict[str, float]:
+        """π_old from verl's actor into `data` (and, with --rollout-is, the correction's weights); the
+        correction's metrics."""
         import ray
 
         old = ray.get(self._actor.compute_log_prob.remote(data, with_entropy=False))
         data.batch["old_log_probs"] = old.batch["old_log_probs"] * data.batch["response_mask"]
-        if self.config.rollout_is != "none":
-            self._correction = add_rollout_is_weights(data, self.config.rollout_is, self.config.rollout_is_threshold)
-        return data
+        if self.config.rollout_is == "none":
+            return {}
+        return add_rollout_is_weights(data, self.config.rollout_is, self.config.rollout_is_threshold)
 
     def sync_weights(self) -> int:
         self._require()

@@ -192,14 +192,12 @@ def add_rollout_is_weights(data: DataProto, level: str, threshold: str | float) 
     sampler's `rollout_log_probs`) into `data` as ``rollout_is_weights``, which verl's ``ppo_loss`` multiplies
     into each token's policy loss (as its own ``algorithm.rollout_correction`` does); the correction's metrics,
     under the names the local trainer logs."""
-    import torch
-
     from rllm_train.algorithms.correction import correction_weights, offpolicy_metrics
 
     batch = data.batch
     mask = batch["response_mask"].float()
     prox, behaviour = batch["old_log_probs"].float(), batch["rollout_log_probs"].float()
     weights, metrics = correction_weights(prox - behaviour, mask, level, threshold)  # type: ignore[arg-type]
-    batch["rollout_is_weights"] = weights.to(torch.float32)
+    batch["rollout_is_weights"] = weights  # float32, as the log-probs it came from
     metrics.update(offpolicy_metrics(prox, behaviour, mask))
     return {f"train/rollout_corr/{k}": v for k, v in metrics.items()}

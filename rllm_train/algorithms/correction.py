@@ -86,9 +86,10 @@ def offpolicy_metrics(prox_BT: torch.Tensor, behaviour_BT: torch.Tensor, mask_BT
     log_ppl_diff_B = seq_behaviour_B - seq_prox_B
     safe = torch.clamp(log_ratio, -SAFETY_BOUND, SAFETY_BOUND)
     seq_sum_B = torch.clamp((log_ratio * mask).sum(-1), -SAFETY_BOUND, SAFETY_BOUND)
+    gap = mismatch_metrics(prox_BT, behaviour_BT, mask_BT)
     return {
-        "kl": float(_masked_mean(behaviour_BT - prox_BT, mask)),
-        "k3_kl": float(_masked_mean(torch.exp(log_ratio) - log_ratio - 1, mask)),
+        "kl": gap["mismatch_kl"],
+        "k3_kl": gap["mismatch_k3_kl"],
         "chi2_token": float(_masked_mean(torch.exp(safe).square(), mask) - 1.0),
         "chi2_seq": float(torch.exp(2.0 * seq_sum_B).mean() - 1.0),
         "log_ppl_diff": float(log_ppl_diff_B.mean()),
@@ -102,7 +103,7 @@ def mismatch_metrics(trainer_BT: torch.Tensor, sampler_BT: torch.Tensor, mask_BT
     log-ratio's mean, verl's `rollout_corr/kl`) and k3 (non-negative). It is the sampler/trainer numerics gap (a bf16
     server, another engine) plus, in asynchronous runs, the versions the sampler lagged; logged every step so a
     faster sampler's cost is measured, and `--rollout-is` corrects it."""
-    n = mask_BT.sum().clamp(min=1.0)
-    log_ratio = (trainer_BT - sampler_BT) * mask_BT
-    return {"mismatch_kl": float(-log_ratio.sum() / n),
-            "mismatch_k3_kl": float(((torch.exp(log_ratio) - log_ratio - 1) * mask_BT).sum() / n)}
+    mask = mask_BT.to(trainer_BT.dtype)
+    log_ratio = trainer_BT - sampler_BT
+    return {"mismatch_kl": float(_masked_mean(-log_ratio, mask)),
+            "mismatch_k3_kl": float(_masked_mean(torch.exp(log_ratio) - log_ratio - 1, mask))}
