@@ -20,13 +20,17 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-__all__ = ["BATCH_INVARIANT", "CANDIDATES", "GEMM_ROW_BLOCK", "measure_row_block"]
+__all__ = ["BATCH_INVARIANT", "CANDIDATES", "GEMM_ROW_BLOCK", "WIDE_MIN_ROWS", "WIDE_SLAB", "measure_row_block"]
 
 log = logging.getLogger("rllm.serving.gemm")
 
 CANDIDATES = (4, 8, 16, 32)
 _LINEAR_SHAPES = ((64, 64), (576, 192), (1536, 576))  # (in, out): tiny-random's and SmolLM2's kinds of layer
 _ATTENTION_SHAPES = ((16, 16), (64, 32))  # (head dim, block size): scores q·Kᵀ and the weighted values p·V
+WIDE_SLAB = 1024
+"""Weight rows per slab of the LM head's product (invariant.wide_linear): its (slab, rows) product stays in cache."""
+WIDE_MIN_ROWS = 12
+"""From this many rows on the slabbed product's bits do not depend on the row count (checked by `_wide_invariant`)."""
 
 
 def _same_bits_at_multiples(block: int, product: Callable[[torch.Tensor], torch.Tensor], x: torch.Tensor) -> bool:
@@ -65,12 +69,13 @@ def _invariant_at(block: int, gen: torch.Generator) -> bool:
 
 def _wide_invariant(gen: torch.Generator) -> bool:
     """The LM head's slabbed product (invariant.wide_linear: a weight slab times the rows transposed, so the rows
-    are the GEMM's columns) has the same bits from WIDE_MIN_ROWS (12) rows on."""
-    weight = torch.randn(1024, 576, generator=gen)
+    are the GEMM's columns) has the same bits from WIDE_MIN_ROWS rows on."""
+    weight = torch.randn(WIDE_SLAB, 576, generator=gen)
     x = torch.randn(80, 576, generator=gen)
     full = torch.mm(weight, x.t()).t()
+    counts = (WIDE_MIN_ROWS, WIDE_MIN_ROWS + 1, 16, 17, 31, 64)
     return all(torch.equal(torch.mm(weight, x[offset: offset + rows].t()).t(), full[offset: offset + rows])
-               for rows in (12, 13, 16, 17, 31, 64) for offset in (0, 5))
+               for rows in counts for offset in (0, 5))
 
 
 def measure_row_block() -> tuple[int, bool]:

@@ -22,13 +22,12 @@ from collections.abc import Iterator
 import torch
 import torch.nn.functional as F
 
+from rllm_serve.gemm_rows import WIDE_MIN_ROWS, WIDE_SLAB  # checked there with the row block, at start
 from rllm_serve.paged_attention import GEMM_ROW_BLOCK
 
 __all__ = ["WIDE_MIN_ROWS", "WIDE_OUT_FEATURES", "batch_invariant", "make_batch_invariant", "wide_linear"]
 
 WIDE_OUT_FEATURES = 8192  # layers at least this wide take the slabbed path (in practice: the LM head)
-WIDE_SLAB = 1024  # weight rows per slab: its (slab, rows) product stays in cache for the transpose
-WIDE_MIN_ROWS = 12  # from this many rows on the slabbed product's bits do not depend on the row count
 
 _invariant = threading.local()
 
