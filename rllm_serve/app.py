@@ -35,6 +35,7 @@ from rllm_serve.protocol import (
 from rllm_serve.responses import ChoiceResult, ResponseBuilder
 from rllm_serve.responses_api import ResponsesBuilder, stream_response
 from rllm_serve.sequence import GenerationRequest, TokenEvent
+from rllm_serve.tool_prompt import tools_in_messages
 
 __all__ = ["MODEL_ALIASES", "check_default_adapter", "engine_adapters", "make_app"]
 
@@ -111,13 +112,13 @@ class _Handlers:
                            f"(GET /v1/models lists it)", status=404, param="model")
 
     def _chat_prompt(self, req: ChatRequest) -> list[int]:
-        if req.tools and not self.supports_tools:
-            raise RequestError(f"the chat template of {self.model_name!r} does not support tools; drop 'tools' or "
-                               "serve a model whose template handles them (e.g. Qwen2.5-Instruct)", param="tools")
-        messages = [_plain_message(m) for m in req.messages]
+        raw = list(req.messages)
         kwargs = dict(req.chat_template_kwargs or {})
-        if req.tools:
+        if req.tools and self.supports_tools:
             kwargs["tools"] = req.tools
+        elif req.tools:  # a template without tools: the Hermes convention, written into the messages
+            raw = tools_in_messages(raw, req.tools)
+        messages = [_plain_message(m) for m in raw]
 
         def render(msgs: Any, generation_prompt: bool) -> list[int]:
             try:
