@@ -90,6 +90,11 @@ class EvalSummary(BaseModel):
     errors: int = 0
     first_error: str | None = None
     """The last line of the first failed episode's error (its exception), so a run that failed says why."""
+    grader_means: dict[str, float] = Field(default_factory=dict)
+    """The mean of each number the grader reported beside the reward (`artifacts["grading"]["details"]`: a
+    benchmark's EM and F1, supporting-passage recall, ...) over the episodes that report it."""
+    tool_calls_per_episode: float | None = None
+    """Environment tool calls per episode (`artifacts["tool_log"]`), for agents that record them."""
     roles: dict[str, RoleSummary] = Field(default_factory=dict)
     """Per-role results of workflows whose roles are graded on their own answers (solver, judge, debater)."""
     config: dict[str, Any] = Field(default_factory=dict)
@@ -102,6 +107,17 @@ def first_error_line(episodes: Sequence[Episode]) -> str | None:
             lines = [line.strip() for line in ep.error.strip().splitlines() if line.strip()]
             return lines[-1][:500] if lines else None
     return None
+
+
+def grader_means(episodes: Sequence[Episode]) -> dict[str, float]:
+    values: dict[str, list[float]] = defaultdict(list)
+    for ep in episodes:
+        grading = ep.artifacts.get("grading")
+        details = grading.get("details") if isinstance(grading, dict) else None
+        for key, value in (details or {}).items():
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                values[key].append(float(value))
+    return {k: sum(v) / len(v) for k, v in sorted(values.items())}
 
 
 def summarize(episodes: Sequence[Episode], *, benchmark: str, split: str, model: str, attempts: int,
@@ -123,6 +139,7 @@ def summarize(episodes: Sequence[Episode], *, benchmark: str, split: str, model:
     reasons = Counter(e.reward_reason or "unscored" for e in episodes)
     terminations = Counter(e.termination_reason or "unknown" for e in episodes)
     context_full = sum(1 for e in episodes if "context_exceeded_at_turn" in e.artifacts)
+    logged = [e for e in episodes if isinstance(e.artifacts.get("tool_log"), list)]
     return EvalSummary(
         benchmark=benchmark, split=split, model=model, base_url=base_url, n_tasks=len(by_task), n_episodes=n_eps,
         attempts=attempts, accuracy=correct / n_eps if n_eps else 0.0, pass_at_k=passk,
@@ -131,7 +148,8 @@ def summarize(episodes: Sequence[Episode], *, benchmark: str, split: str, model:
         context_exceeded=context_full, prompt_tokens=prompt, completion_tokens=completion,
         tokens_per_s=completion / wall_time_s if wall_time_s > 0 else 0.0, wall_time_s=wall_time_s,
         errors=sum(1 for e in episodes if e.error is not None), first_error=first_error_line(episodes),
-        roles=summarize_roles(episodes),
+        roles=summarize_roles(episodes), grader_means=grader_means(episodes),
+        tool_calls_per_episode=(sum(len(e.artifacts["tool_log"]) for e in logged) / len(logged)) if logged else None,
         config=dict(config or {}),
     )
 
@@ -146,6 +164,10 @@ def print_summary(summary: EvalSummary, console: Console | None = None) -> None:
         table.add_row(k, f"{v:.3f}")
     table.add_row("mean reward", f"{summary.mean_reward:.3f}")
     table.add_row("reasons", ", ".join(f"{r} {n}" for r, n in summary.reasons.items()))
+    for key, value in summary.grader_means.items():
+        table.add_row(f"mean {key}", f"{value:.3f}")
+    if summary.tool_calls_per_episode is not None:
+        table.add_row("tool calls / episode", f"{summary.tool_calls_per_episode:.2f}")
     if summary.context_exceeded:
         table.add_row("context exceeded", f"{summary.context_exceeded} of {summary.n_episodes} episodes")
     for role, rs in summary.roles.items():
