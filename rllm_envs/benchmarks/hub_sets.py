@@ -18,6 +18,7 @@ from typing import Any
 
 from rllm_envs.benchmarks.dataset import DatasetBenchmark, Example
 from rllm_envs.benchmarks.math_sets import MATH_PROMPT, first_field, format_number
+from rllm_envs.benchmarks.mbpp import MBPPBenchmark
 from rllm_envs.rewards.extract import extract_boxed
 
 __all__ = ["choice_prompt", "hub_benchmarks"]
@@ -102,7 +103,7 @@ def _mbpp(row: dict[str, Any]) -> Example:
         raise ValueError("no tests in 'test_list' (an empty test list is an error, never a pass)")
     question = f"{first_field(row, 'text', 'prompt')}\nYour code should pass tests like this one:\n{tests[0]}"
     setup = row.get("test_setup_code") or "\n".join(row.get("test_imports") or [])
-    return CODE_PROMPT.format(question=question), row.get("code", ""), {"test": setup + "\n" + "\n".join(tests)}
+    return CODE_PROMPT.format(question=question), row.get("code", ""), {"test": "\n".join(tests), "setup": setup}
 
 
 def _humaneval_like(row: dict[str, Any]) -> Example:
@@ -241,8 +242,10 @@ def hub_benchmarks() -> list[DatasetBenchmark]:
           required=("sentence", "option1", "option2", "answer"), hub_id="allenai/winogrande",
           hub_config="winogrande_xl", hub_splits={"test": "validation"}, rows_hint={"test": 1267},
           description="WinoGrande (validation)"),
-        b("mbpp", category=code, grader="code", convert=_mbpp, required=(("text", "prompt"), "test_list"),
-          hub_id="google-research-datasets/mbpp", rows_hint={"test": 500}, description="MBPP"),
+        MBPPBenchmark("mbpp", category=code, grader="code", convert=_mbpp, required=(("text", "prompt"), "test_list"),
+                      splits=("test", "train", "validation", "prompt"), hub_id="google-research-datasets/mbpp",
+                      hub_config="full", rows_hint={"test": 500, "train": 374, "validation": 90, "prompt": 10},
+                      description="MBPP (all 974 rows; splits by task id: 11-510 test)", code_timeout_s=10.0),
         b("mbpp_plus", category=code, grader="code", convert=_mbpp, required=(("prompt", "text"), "test_list"),
           hub_id="evalplus/mbppplus", rows_hint={"test": 378}, description="MBPP+ (EvalPlus)"),
         b("humaneval_plus", category=code, grader="code", convert=_humaneval_like,

@@ -333,6 +333,15 @@ class _Worker:
         exec(self.code, vars(module))
         return ["names", [n for n in wanted if type(n) is str and callable(vars(module).get(n))]]
 
+    def op_setup(self, source: str) -> list:
+        """Run a task's test setup (trusted text) in the solution's namespace; name what it bound."""
+        if self.module is None or type(source) is not str:
+            raise ProtocolError("setup needs a loaded solution and source text")
+        space = vars(self.module)
+        before = {k: id(v) for k, v in space.items()}
+        exec(compile(source, "<setup>", "exec"), space)
+        return ["names", [k for k, v in space.items() if before.get(k) != id(v) and not k.startswith("__")]]
+
     def op_call(self, target: object, args: list, kwargs: dict) -> list:
         if type(target) is list and len(target) == 2 and target[0] == LCB:
             holder = self.module

@@ -16,7 +16,11 @@ LiveCodeBench's `testing_util`), by design:
   such a handle has no truth value, so `assert candidate(x)` does not pass on it;
 - arguments are copies: mutating them in place is invisible to the tests (no test here relies on it);
 - the tests see only the solution's functions and classes they name, never names that shadow builtins
-  (`abs`, `set`), and the prompt's own helpers (HumanEval/38's `encode_cyclic`) over redefinitions;
+  (`abs`, `set`) except a function under test named like one (MBPP 126's `sum`, only at the top of an assert
+  whose tests name nothing else of the solution's), and the prompt's own helpers (HumanEval/38's
+  `encode_cyclic`) over redefinitions;
+- test setup that builds the solution's own objects (MBPP 367's trees of its `Node`) runs in the solution's
+  process, and the tests hold handles to what it built;
 - a solution raising SystemExit or another non-Exception fails even where a test would catch it, and a
   StopIteration reaches the tests as an error, not as the end of their loop; a stdin program that ends
   its process (`os._exit`) fails, though `sys.exit` after printing is fine (as in LiveCodeBench);
@@ -128,10 +132,11 @@ def _result(code: str, run: JudgedRun) -> RewardResult:
 
 
 def grade_code(response: str, tests: str, entry_point: str | None = None, prompt: str = "",
-               limits: SandboxLimits | None = None) -> RewardResult:
+               limits: SandboxLimits | None = None, setup: str = "") -> RewardResult:
     """Run `tests` against the reply's code: `check(entry_point)` when an entry point is given (HumanEval),
     else the tests' assert statements (MBPP). The solution is what must parse: a body-only completion
-    ("    return x + 1") is valid once appended to the prompt's signature."""
+    ("    return x + 1") is valid once appended to the prompt's signature. `setup` is MBPP's test_setup_code,
+    run before the asserts (in the solution's process when it builds the solution's own objects)."""
     code = _code_of(response)
     if not code.strip():
         return RewardResult.fail("no_answer_extracted")
@@ -141,7 +146,7 @@ def grade_code(response: str, tests: str, entry_point: str | None = None, prompt
     for source, reason, what in ((solution, "format_error", "the code"), (tests, "error", "the tests")):
         if (exc := _syntax_error_in(source)) is not None:
             return RewardResult.fail(reason, code, note=f"{what} does not parse: {type(exc).__name__}: {exc}")
-    spec = {"mode": "tests", "test": tests, "prompt": prompt or "", "entry_point": entry_point}
+    spec = {"mode": "tests", "test": tests, "prompt": prompt or "", "entry_point": entry_point, "setup": setup}
     return _result(code, run_judged(solution, spec, _JUDGE, limits or SandboxLimits(timeout_s=HUMANEVAL_TIMEOUT_S)))
 
 
@@ -217,13 +222,29 @@ def _tests(ch: Any, spec: dict[str, Any], clock: Any) -> int:
     import importlib
 
     test, prompt, entry = spec["test"], spec.get("prompt") or "", spec.get("entry_point")
-    tree, prompt_tree = ast.parse(test, "<tests>"), _parse(prompt, "<prompt>")
-    nodes = [n for t in (tree, prompt_tree) for n in ast.walk(t)]
+    setup = spec.get("setup") or ""
+    tree, prompt_tree, setup_tree = ast.parse(test, "<tests>"), _parse(prompt, "<prompt>"), _parse(setup, "<setup>")
+    nodes = [n for t in (tree, prompt_tree, setup_tree) for n in ast.walk(t)]
     used = {n.id for n in nodes if isinstance(n, ast.Name)} - set(dir(builtins)) | ({entry} if entry else set())
+    shadowing = _builtin_named_calls(tree) if not entry else set()
     ns: dict[str, Any] = {"__name__": "__tests__", "__builtins__": builtins}
-    for name in _load(ch, True, sorted(used)):
-        if name in used:
-            ns[name] = wire.Remote(ch, name)
+    defined = set(_load(ch, True, sorted(used | shadowing)))
+    for name in defined & used:
+        ns[name] = wire.Remote(ch, name)
+    if shadowing & defined and not (defined & used):  # the function under test is named like a builtin (`sum`)
+        tree = _SolutionCalls(shadowing & defined).visit(tree)
+        ns.update({_SolutionCalls.alias(n): wire.Remote(ch, n) for n in shadowing & defined})
+    if setup.strip():
+        if defined & {n.id for n in ast.walk(setup_tree) if isinstance(n, ast.Name)}:
+            # the setup builds the solution's own objects (MBPP 367: `root = Node(1)`): it runs beside them, in
+            # the worker, and the tests get handles to what it made; the verdict still comes from plain data
+            reply = ch.request(["setup", setup])
+            if reply[0] != "names" or len(reply) != 2 or type(reply[1]) is not list:
+                exc = wire.solution_exception(reply)
+                raise exc if isinstance(exc, wire.Fatal) else wire.Fatal(f"the test setup failed: {exc!r}")
+            ns.update({n: wire.Remote(ch, n) for n in reply[1] if type(n) is str})
+        else:
+            exec(compile(setup_tree, "<setup>", "exec"), ns)
     if entry and entry not in ns:
         raise wire.Fatal(f"the solution defines no function {entry!r}")
     modules = {n.value.id for n in nodes if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
@@ -244,6 +265,39 @@ def _tests(ch: Any, spec: dict[str, Any], clock: Any) -> int:
     except Exception as exc:
         raise wire.Fatal(_describe(exc, test)) from None
     return 1 if entry else asserts
+
+
+def _builtin_named_calls(tree: ast.Module) -> set[str]:
+    """Builtin names an assert calls at its top (`assert sum(10, 15) == 6`): MBPP's task 126 asks for a function
+    named `sum`. Bound to the solution only when the tests use no other solution name, so a wrapper such as
+    `assert len(f(x)) == 3` never reaches a solution's own `len`."""
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assert):
+            top = node.test.operand if isinstance(node.test, ast.UnaryOp) else node.test
+            top = top.left if isinstance(top, ast.Compare) else top
+            if isinstance(top, ast.Call) and isinstance(top.func, ast.Name) and top.func.id in dir(builtins):
+                names.add(top.func.id)
+    return names
+
+
+class _SolutionCalls(ast.NodeTransformer):
+    """Points the top call of each assert at the solution's function of a builtin's name; other uses of the
+    builtin (the expected value's side) stay the builtin."""
+
+    def __init__(self, names: set[str]) -> None:
+        self.names = names
+
+    @staticmethod
+    def alias(name: str) -> str:
+        return f"__solution_{name}"
+
+    def visit_Assert(self, node: ast.Assert) -> ast.Assert:
+        top = node.test.operand if isinstance(node.test, ast.UnaryOp) else node.test
+        top = top.left if isinstance(top, ast.Compare) else top
+        if isinstance(top, ast.Call) and isinstance(top.func, ast.Name) and top.func.id in self.names:
+            top.func = ast.copy_location(ast.Name(self.alias(top.func.id), ast.Load()), top.func)
+        return node
 
 
 def _functional(ch: Any, spec: dict[str, Any], clock: Any) -> int:
