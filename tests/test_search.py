@@ -132,7 +132,7 @@ def test_grading_reads_the_final_answer_and_scores_f1() -> None:
     ok = bench.grade(task, "She was ambassador.\nFINAL ANSWER: the Chief of Protocol")
     assert (ok.reward, ok.reason, ok.is_correct) == (1.0, "correct", True)
     part = bench.grade(task, "FINAL ANSWER: Protocol chief officer")
-    assert part.reason == "wrong_answer" and 0 < part.reward < 1 and part.details["f1"] == part.reward
+    assert part.reason == "wrong_answer" and 0 < part.reward < 1 and part.details["scores"]["f1"] == part.reward
     assert bench.grade(task, "I think it is Chief of Protocol").reason == "format_error"
     assert bench.grade(task, "").reason == "no_answer_extracted"
     assert extract_answer("The answer is: 2. William Earl Johns\nThe answer is: 2. William Earl Johns") == \

@@ -179,7 +179,7 @@ async def test_the_search_agent_answers_through_the_gateway(tmp_path: Path, monk
             server.stop()
     assert ep.error is None and ep.reward == 1.0 and ep.is_correct
     assert len(ep.steps) == 4 and ep.artifacts["tool_calls"] == 3 and ep.artifacts["stopped"] == "answer"
-    details = ep.artifacts["grading"]["details"]
+    details = ep.artifacts["grading"]["details"]["scores"]
     assert details["em"] == 1 and details["supporting_recall"] >= 0.5 and details["supporting_recall_opened"] >= 0.5
     log = ep.artifacts["tool_log"]
     assert [r["name"] for r in log] == ["search", "open", "open"] and all(r["error"] is None for r in log)
@@ -198,8 +198,8 @@ async def test_closed_book_and_rag_baselines(tmp_path: Path, monkeypatch: pytest
                                  benchmark=bench, progress=False)
         rag_prompt = up.requests[-1]["messages"][0]["content"]
     assert closed[0].reward == rag[0].reward == 1.0
-    assert closed[0].artifacts["grading"]["details"]["supporting_recall"] == 0.0
-    assert rag[0].artifacts["grading"]["details"]["supporting_recall"] > 0 and "Passages:\n[1] " in rag_prompt
+    assert closed[0].artifacts["grading"]["details"]["scores"]["supporting_recall"] == 0.0
+    assert rag[0].artifacts["grading"]["details"]["scores"]["supporting_recall"] > 0 and "Passages:\n[1] " in rag_prompt
     assert len(rag[0].artifacts["retrieved_ids"]) == 3
 
 
@@ -218,4 +218,20 @@ async def test_the_example_search_agents_run_unchanged(tmp_path: Path, monkeypat
     assert ep.error is None and ep.reward == 1.0 and ep.artifacts["turns"] == 4
     assert [r["name"] for r in ep.artifacts["tool_log"]] == ["search", "open", "open"]
     assert len(ep.steps) == 4 and all(s.completion_token_ids for s in ep.steps)  # every call recorded, exactly
-    assert ep.artifacts["grading"]["details"]["supporting_recall_opened"] >= 0.5
+    assert ep.artifacts["grading"]["details"]["scores"]["supporting_recall_opened"] >= 0.5
+
+
+def test_the_eval_summary_averages_the_graders_scores_and_counts_tool_calls(tmp_path: Path,
+                                                                            monkeypatch: pytest.MonkeyPatch,
+                                                                            shared_data_dir: Path) -> None:
+    from rllm_envs.eval.summary import summarize
+
+    monkeypatch.setenv("RLLM_HOME", str(tmp_path))
+    bench = HotpotQA()
+    tasks = bench.load("test", str(shared_data_dir), max_examples=2)
+    with start_fake_upstream(lambda body: "FINAL ANSWER: Chief of Protocol") as up:
+        eps = asyncio.run(run_episodes(bench.named_agent("rag"), tasks, base_url=up.base_url,  # type: ignore[arg-type]
+                                       benchmark=bench, progress=False))
+    summary = summarize(eps, benchmark="hotpotqa", split="test", model="m", attempts=1, wall_time_s=1.0)
+    assert summary.grader_means["em"] == 0.5 and summary.grader_means["f1"] == 0.5  # right on the first only
+    assert 0 < summary.grader_means["supporting_recall"] <= 1 and summary.tool_calls_per_episode == 3

@@ -91,8 +91,8 @@ class EvalSummary(BaseModel):
     first_error: str | None = None
     """The last line of the first failed episode's error (its exception), so a run that failed says why."""
     grader_means: dict[str, float] = Field(default_factory=dict)
-    """The mean of each number the grader reported beside the reward (`artifacts["grading"]["details"]`: a
-    benchmark's EM and F1, supporting-passage recall, ...) over the episodes that report it."""
+    """The mean of each score the grader reported beside the reward (`artifacts["grading"]["details"]["scores"]`:
+    a benchmark's EM and F1, supporting-passage recall, ...) over the episodes that report it."""
     tool_calls_per_episode: float | None = None
     """Environment tool calls per episode (`artifacts["tool_log"]`), for agents that record them."""
     roles: dict[str, RoleSummary] = Field(default_factory=dict)
@@ -114,7 +114,8 @@ def grader_means(episodes: Sequence[Episode]) -> dict[str, float]:
     for ep in episodes:
         grading = ep.artifacts.get("grading")
         details = grading.get("details") if isinstance(grading, dict) else None
-        for key, value in (details or {}).items():
+        scores = details.get("scores") if isinstance(details, dict) else None
+        for key, value in (scores if isinstance(scores, dict) else {}).items():
             if isinstance(value, int | float) and not isinstance(value, bool):
                 values[key].append(float(value))
     return {k: sum(v) / len(v) for k, v in sorted(values.items())}

@@ -135,17 +135,17 @@ class HotpotQA(Benchmark):
         golds = task.ground_truth if isinstance(task.ground_truth, list) else [str(task.ground_truth)]
         s = score_answer(answer, golds)
         return RewardResult(reward=s.f1, reason="correct" if s.em else "wrong_answer", is_correct=bool(s.em),
-                            extracted=answer, details={"em": s.em, "f1": s.f1})
+                            extracted=answer, details={"scores": {"em": s.em, "f1": s.f1}})
 
     def score(self, task: Task, episode: Episode) -> RewardResult:
         result = super().score(task, episode)
         supporting = list(task.metadata.get("supporting_ids") or [])
         retrieved = supporting_recall(supporting, list(episode.artifacts.get("retrieved_ids") or []))
         opened = supporting_recall(supporting, list(episode.artifacts.get("opened_ids") or []))
-        details = {"em": 0.0, "f1": 0.0, **result.details}  # an answer that was not graded scores 0, not absent
+        scores = {"em": 0.0, "f1": 0.0, **result.details.get("scores", {})}  # an ungraded answer scores 0
         if retrieved is not None:
-            details.update(supporting_recall=retrieved, supporting_recall_opened=opened)
-        return result.model_copy(update={"details": details})
+            scores.update(supporting_recall=retrieved, supporting_recall_opened=opened or 0.0)
+        return result.model_copy(update={"details": {**result.details, "scores": scores}})
 
     def reference_response(self, task: Task) -> str:
         golds = task.ground_truth if isinstance(task.ground_truth, list) else [task.ground_truth]
