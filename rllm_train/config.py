@@ -46,6 +46,14 @@ class TrainConfig(BaseModel):
     """Directory with the benchmark's data files (default: the benchmark's own location)."""
     max_train_examples: int | None = None
     """Use only the first N training tasks."""
+    reward: str | None = None
+    """Mix the reward from parts by weights: 'em:0.7,judge:0.3' (rule = the benchmark's, a score its grader names,
+    judge = an LLM judge), or a preset's name (finqa: accuracy_and_reasoning). Default: the benchmark's reward."""
+    judge: str | None = None
+    """The judge model of a judge part, 'MODEL@URL' or 'URL' (key in $RLLM_JUDGE_API_KEY); default: the model of
+    `rllm model setup`. Judge calls are recorded in the grading, never trained on."""
+    rubric: str | None = None
+    """The judge's rubric: answer_and_reasoning (default), answer_correct, or a file's text."""
     # model + backend
     model: str = "smollm2-135m"
     """Model to train: 'smollm2-135m' (embedded), 'tiny-random', or a local Hugging Face model directory."""

@@ -108,7 +108,7 @@ class _Stages:
                 check_recorded_roles(episodes, per_role_options(config), f"agent {rollout.name!r}",
                                      declared=getattr(rollout, "roles", ()))
                 self.roles_checked = True
-            groups = group_trajectories(episodes)
+            groups = group_trajectories(e for e in episodes if e.reward_reason not in UNKNOWN_REWARD)
             if config.max_staleness:
                 groups, stale_metrics = drop_stale(groups, self.trainer_version, config.max_staleness,
                                                    config.stale_rows)
@@ -178,6 +178,9 @@ _FIXED_ON_RESUME = ("model", "lora_rank", "backend", "roles")
 """Options that decide the shape of the checkpointed weights: a resume cannot change them."""
 
 _STREAM_ON_RESUME = ("batch_size", "group_size", "seed")
+UNKNOWN_REWARD = ("judge_error",)
+"""Reasons whose reward is unknown rather than low: those episodes are counted (episode/reason/...) but not
+trained on, so a failing judge never teaches the policy that its answers scored 0."""
 """Options that decide what every step draws (its tasks, its attempts, the seeds they sample with): a resume that
 changes them trains on something the uninterrupted run never would have, so it is refused unless
 `--allow-resume-changes` says that is meant."""
@@ -394,6 +397,10 @@ def _warn_if_turns_split(pack_metrics: dict[str, float]) -> None:
 
 
 def _skip_reason(episodes: list[Episode], groups: list[Any], rows: list[Any]) -> str:
+    unknown = [e for e in episodes if e.reward_reason in UNKNOWN_REWARD]
+    if episodes and len(unknown) == len(episodes):
+        first = (unknown[0].artifacts.get("grading") or {}).get("details", {}).get("judge_error", "")
+        return f"no episode has a known reward: all {len(episodes)} are {unknown[0].reward_reason} ({first})"
     steps = [s for e in episodes for s in e.steps]
     if not steps:
         errors = sum(1 for e in episodes if e.error is not None)

@@ -39,6 +39,7 @@ def _cli_type(annotation: Any) -> Any:
 _PANELS: dict[str, tuple[str, ...]] = {
     "What to train on": ("agent", "harness", "workflow", "sandbox", "train_split", "val_split", "data_dir",
                          "max_train_examples"),
+    "Reward": ("reward", "judge", "rubric"),
     "Model and backend": ("model", "backend", "device", "n_gpus", "nnodes", "bf16", "gradient_checkpointing",
                           "lora_rank", "lora_alpha"),
     "Algorithm": ("algo", "role_weights", "roles", "loss", "agg", "clip_low", "clip_high", "clip_c", "kl_coef",

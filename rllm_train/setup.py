@@ -26,6 +26,10 @@ def resolve_benchmark(config: TrainConfig, benchmark: Any = None) -> Any:
 
         benchmark = get_benchmark(config.benchmark)
     bench = benchmark
+    if config.reward or config.judge or config.rubric:
+        from rllm_envs.rewards.reward_mix import with_reward
+
+        bench = with_reward(bench, config.reward, config.judge, config.rubric)
     if config.workflow != "none" and not getattr(bench, "reward", None):
         raise ConfigError(f"benchmark {config.benchmark!r} has no reward function, so there is nothing to learn "
                           "from: pick a benchmark with a reward (`rllm bench list`), or pass --agent with "

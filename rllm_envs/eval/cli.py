@@ -58,6 +58,12 @@ def eval_command(
         None, "--ray-address",
         help="Ray cluster for --rollout-workers: 'auto', 'host:port' or 'ray://host:port' (default: a local one).",
     ),
+    reward: str | None = typer.Option(
+        None, "--reward", help="Mix the reward: 'em:0.7,judge:0.3' (rule, a grader score, judge) or a preset.",
+    ),
+    judge: str | None = typer.Option(None, "--judge", help="Judge model 'MODEL@URL' (default: rllm model setup's)."),
+    rubric: str | None = typer.Option(None, "--rubric", help="Judge rubric: answer_and_reasoning, answer_correct, "
+                                                             "or a file."),
 ) -> None:
     """Evaluate on a benchmark; writes episodes.jsonl and summary.json, prints a short table."""
     api_key = None
@@ -74,7 +80,8 @@ def eval_command(
                  api_key=api_key, backend=backend, sandbox=sandbox, attempts=attempts, concurrency=concurrency,
                  agent=agent, harness=harness, workflow=workflow, output=output, data_dir=data_dir,
                  max_tokens=max_tokens, max_turns=max_turns, temperature=temperature, timeout_s=timeout, seed=seed,
-                 progress=not no_progress, rollout_workers=rollout_workers, ray_address=ray_address)
+                 progress=not no_progress, rollout_workers=rollout_workers, ray_address=ray_address,
+                 reward=reward, judge=judge, rubric=rubric)
     try:
         # An option left out stays unset (not None), so the benchmark's eval_defaults may fill it; a flag wins.
         opts = EvalOptions(**{k: v for k, v in given.items() if v is not None})

@@ -35,6 +35,7 @@ from rllm_core.runs.writer import RunWriter
 from rllm_core.types import Episode
 from rllm_envs.eval.endpoint import open_endpoint
 from rllm_envs.eval.summary import EvalSummary, summarize
+from rllm_envs.rewards.reward_mix import with_reward
 from rllm_rollout.agent_loader import load_agent
 from rllm_rollout.benchmarks.base import recommended_unset
 from rllm_rollout.benchmarks.registry import get_benchmark
@@ -84,6 +85,12 @@ class EvalOptions(BaseModel):
     """Ray workers to run the episodes in; 0 runs them in this process."""
     ray_address: str | None = None
     """The Ray cluster for rollout_workers ('auto', 'host:port', 'ray://host:port'); None: a local one."""
+    reward: str | None = None
+    """The reward mixed from parts by weights ('em:0.7,judge:0.3') or a preset's name; None: the benchmark's."""
+    judge: str | None = None
+    """The judge model of a `judge` part: 'MODEL@URL' or 'URL'; None: the model of `rllm model setup`."""
+    rubric: str | None = None
+    """The judge's rubric: a built-in name (answer_and_reasoning, answer_correct) or a file."""
 
 
 class EvalResult(BaseModel):
@@ -164,7 +171,7 @@ def run_eval(opts: EvalOptions, console: Console | None = None) -> EvalResult:
         from rllm_rollout.distributed import check_ray_address
 
         check_ray_address(opts.ray_address)
-    bench = get_benchmark(opts.benchmark)
+    bench = with_reward(get_benchmark(opts.benchmark), opts.reward, opts.judge, opts.rubric)
     opts, recommended = apply_eval_defaults(opts, bench)
     if recommended:
         _check_numbers(opts)

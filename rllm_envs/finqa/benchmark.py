@@ -134,6 +134,9 @@ class FinQA(Benchmark):
     splits = SPLITS
     description = "FinQA (rLLM): 10-K table questions answered with SQL + calculator tools, multi-turn"
     source = f"<data_dir>/{FOLDER}/<split>.jsonl | hf:{HUB_ID} ({HUB_FILE})"
+    reward_presets = {"accuracy_and_reasoning": "rule:0.5,judge:0.5"}
+    """The seed's reward: the answer's accuracy (this grader) and the reasoning's quality (an LLM judge, rubric
+    answer_and_reasoning) together: `--reward accuracy_and_reasoning --judge MODEL@URL`."""
 
     def _local(self, split: str) -> Any:
         try:

@@ -75,6 +75,7 @@ class HotpotQA(Benchmark):
     splits = ("train", "test")
     description = "HotpotQA (distractor): multi-hop questions, a search agent over their ~5k-passage corpus"
     source = f"<data_dir>/{FOLDER}/*.jsonl | hf:{HUB_ID} ({HUB_CONFIG}, validation)"
+    score_names = ("em", "f1", "supporting_recall", "supporting_recall_opened")
     train_defaults = {"max_tokens": 192}
     eval_defaults = {"max_tokens": 192}
 

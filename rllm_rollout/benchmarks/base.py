@@ -77,6 +77,10 @@ class Benchmark(ABC):
     train_defaults: ClassVar[Mapping[str, Any]] = {}
     """Recommended `rllm train` options for this task (e.g. a short max_tokens for one-number answers); they
     fill only the options the user left unset."""
+    score_names: ClassVar[tuple[str, ...]] = ()
+    """Scores the grader reports beside the reward (`details["scores"]`), which `--reward` can mix by name."""
+    reward_presets: ClassVar[Mapping[str, str]] = {}
+    """Named `--reward` specs for this benchmark (e.g. FinQA's accuracy_and_reasoning = rule:0.5,judge:0.5)."""
     eval_defaults: ClassVar[Mapping[str, Any]] = {}
     """Recommended `rllm eval` options (`rllm_envs.eval.EvalOptions` names, e.g. max_tokens per LLM call,
     concurrency); they fill only the options the user left unset (a flag always wins). Keep them consistent with
