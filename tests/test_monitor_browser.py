@@ -87,6 +87,11 @@ def _write_mixed_run(run: Path) -> None:
            ep("t2", 0.0, "wrong_answer", [8]), ep("t2", 0.0, "wrong_answer", [9]),  # all-zero group
            ep("t3", 0.0, "format_error", [10], error="agent crashed: boom"),       # counted as error
            ep("t3", 0.0, "wrong_answer", None)]                                    # counted as empty_token_ids
+    eps[2]["artifacts"] = {"tool_log": [  # a search agent's tool calls, as rllm_envs.tool_records writes them
+        {"name": "search", "arguments": {"query": "Corliss Archer", "k": 3}, "result_chars": 512, "latency_s": 0.004,
+         "error": None, "started_at": now, "transport": "mcp"},
+        {"name": "open", "arguments": {"doc_id": "nope"}, "result_chars": 40, "latency_s": 0.001,
+         "error": "Error: no passage 'nope'", "started_at": now, "transport": "mcp"}]}
     (run / "episodes" / "step_1.jsonl").write_text("".join(json.dumps(e) + "\n" for e in eps))
 
 
@@ -291,6 +296,16 @@ def test_zero_reward_breakdown_shows_the_counts_of_the_files(page: Page, runs_ro
     page.wait_view("run-episode")
     assert page.testid("episode-reason").inner_text() == "format_error"
     assert "agent crashed" in page.testid("episode-head").inner_text()
+
+
+def test_an_episodes_tool_calls_are_listed_with_result_size_latency_and_error(page: Page) -> None:
+    page.open("#/run/mixed/episode/step_1/2", "run-episode")
+    assert page.testid("tool-log").get_attribute("data-count") == "2"
+    rows = page.testid("tool-call")
+    assert rows.count() == 2
+    first, second = rows.nth(0).inner_text(), rows.nth(1).inner_text()
+    assert "search" in first and "Corliss Archer" in first and "512 chars" in first and "4.0 ms" in first
+    assert "mcp" in first and "no passage 'nope'" in second
 
 
 def test_compare_overlays_the_chosen_runs(page: Page) -> None:

@@ -235,3 +235,23 @@ def test_the_eval_summary_averages_the_graders_scores_and_counts_tool_calls(tmp_
     summary = summarize(eps, benchmark="hotpotqa", split="test", model="m", attempts=1, wall_time_s=1.0)
     assert summary.grader_means["em"] == 0.5 and summary.grader_means["f1"] == 0.5  # right on the first only
     assert 0 < summary.grader_means["supporting_recall"] <= 1 and summary.tool_calls_per_episode == 3
+
+
+async def test_an_agents_sdk_agent_uses_the_tools_over_mcp_and_the_episode_records_them(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, shared_data_dir: Path) -> None:
+    """The OpenAI Agents SDK's own MCPServerStdio runs `rllm retrieve mcp`; the model's calls go through the
+    gateway, the tool calls through MCP, and both end up on the episode."""
+    from rllm_envs.eval import load_agent
+
+    monkeypatch.setenv("RLLM_HOME", str(tmp_path))
+    monkeypatch.chdir(Path(__file__).resolve().parents[1])
+    bench = HotpotQA()
+    task = bench.load("test", str(shared_data_dir), max_examples=1)[0]
+    with start_fake_upstream(_researcher) as up:
+        (ep,) = await run_episodes(load_agent("examples/agents/mcp_search_agents_sdk.py:agent"), [task],
+                                   base_url=up.base_url, benchmark=bench, progress=False)
+    assert ep.error is None and ep.reward == 1.0, ep.error
+    assert [(r["name"], r["transport"], r["error"]) for r in ep.artifacts["tool_log"]] == [
+        ("search", "mcp", None), ("open", "mcp", None), ("open", "mcp", None)]
+    assert len(ep.steps) == 4 and all(s.completion_token_ids for s in ep.steps)
+    assert ep.steps[0].endpoint == "responses" and ep.trajectories[0].name == "researcher"

@@ -140,6 +140,19 @@ function message(m) {
     h("pre", {}, content), m.truncated ? h("div", { class: "muted" }, "(cut at 20,000 characters)") : null);
 }
 
+/** The environment's side of the episode's tool calls (artifacts.tool_log): what each returned and took. */
+function toolLogTable(log) {
+  const args = (a) => (typeof a === "string" ? a : JSON.stringify(a));
+  return h("section", { class: "tool-log", dataset: { testid: "tool-log", count: String(log.length) } },
+    h("h3", {}, `tool calls `, h("span", { class: "muted" }, `(${log.length}, run by the environment)`)),
+    h("table", {},
+      h("thead", {}, h("tr", {}, ["tool", "arguments", "result", "latency", "via", "error"].map((c) => h("th", {}, c)))),
+      h("tbody", {}, log.map((r) => h("tr", { dataset: { testid: "tool-call" } },
+        h("td", {}, r.name), h("td", {}, h("code", {}, args(r.arguments))), h("td", {}, `${r.result_chars} chars`),
+        h("td", {}, `${(1000 * (r.latency_s || 0)).toFixed(1)} ms`), h("td", {}, r.transport || ""),
+        h("td", { class: r.error ? "error-text" : "" }, r.error || ""))))));
+}
+
 export async function episodeView(main, run, file, index) {
   const [ep, files] = await Promise.all([api("episode", { run, file, index }), fileList(run)]);
   const i = Number(index);
@@ -161,7 +174,11 @@ export async function episodeView(main, run, file, index) {
         : null),
     ep.metrics && Object.keys(ep.metrics).length ? h("details", {}, h("summary", {}, "metrics"), h("pre", {}, json(ep.metrics)))
       : null,
-    h("details", {}, h("summary", {}, "task"), h("pre", {}, json(ep.task)))));
+    h("details", {}, h("summary", {}, "task"), h("pre", {}, json(ep.task))),
+    ep.artifacts && ep.artifacts.grading ? h("details", {}, h("summary", {}, "grading"),
+      h("pre", { dataset: { testid: "episode-grading" } }, json(ep.artifacts.grading))) : null));
+  const toolLog = (ep.artifacts || {}).tool_log;
+  if (Array.isArray(toolLog) && toolLog.length) main.append(toolLogTable(toolLog));
   main.append(h("div", { class: "legend muted" }, "completion tokens coloured by logprob: ",
     h("span", { class: "tok", style: `background:${tokenColor(-5)}` }, "unlikely"), " ",
     h("span", { class: "tok", style: `background:${tokenColor(-0.7)}` }, "even"), " ",
