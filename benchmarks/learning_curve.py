@@ -18,6 +18,7 @@ Presets for the agents and workflows of issue 15 (same script, their own flags a
     python benchmarks/learning_curve.py --preset langgraph-retry        # a LangGraph agent, multi-turn (retries)
     python benchmarks/learning_curve.py --preset langgraph-frozenlake   # the same on FrozenLake 4x4 (no signal at 135M)
     python benchmarks/learning_curve.py --preset solver-judge           # solver-judge on arithmetic, per role
+    python benchmarks/learning_curve.py --preset search-hotpotqa        # issue 32: a search agent, reward F1
 
 With a workflow the curve also shows each role's held-out accuracy (`val/role/<role>/accuracy`: for the judge,
 how often the answer it picked was right), and the x axis is wall-clock minutes since the run started.
@@ -63,6 +64,10 @@ PRESETS: dict[str, dict[str, Any]] = {
                         "max_tokens": 12, "lr": 5e-6, "eval_every": 5, "eval_examples": 40, "eval_attempts": 2,
                         "micro_batch_size": 16, "bf16": False,
                         "out": "benchmarks/results/learning_curve_langgraph_retry"},
+    # issue 32: the plain-OpenAI-SDK search agent on HotpotQA; the reward is F1 (val/reward/mean), EM is accuracy
+    "search-hotpotqa": {"benchmark": "hotpotqa", "agent": "examples/agents/search_openai.py:agent", "max_tokens": 64,
+                        "lr": 5e-6, "eval_every": 10, "eval_examples": 40, "eval_attempts": 1, "micro_batch_size": 4,
+                        "bf16": False, "minutes": 40, "out": "benchmarks/results/learning_curve_search_hotpotqa"},
     "solver-judge": {"benchmark": "arithmetic", "workflow": "solver-judge", "max_tokens": 12, "lr": 5e-6,
                      "eval_every": 10, "eval_examples": 32, "eval_attempts": 2, "micro_batch_size": 16,
                      "bf16": False, "out": "benchmarks/results/learning_curve_solver_judge"},
@@ -80,6 +85,7 @@ def read_curve(run_dir: Path) -> dict[str, Any]:
     return {
         "eval": [{"step": r["step"], "minutes": (r["time"] - t0) / 60 if "time" in r else None,
                   "sampled_accuracy": r.get("val/reward/accuracy"),
+                  "sampled_reward": r.get("val/reward/mean"),
                   "greedy_accuracy": r.get("val_greedy/reward/accuracy"),
                   "roles": {k.split("/")[2]: v for k, v in r.items()
                             if k.startswith("val/role/") and k.endswith("/accuracy")},
@@ -103,6 +109,9 @@ def plot(curve: dict[str, Any], path: Path) -> None:
     x = [e["minutes"] if by_time else e["step"] for e in ev]
     ax.plot(x, [e["sampled_accuracy"] for e in ev], "o-", label="held-out, sampled (episode)")
     ax.plot(x, [e["greedy_accuracy"] for e in ev], "s-", label="held-out, greedy (episode)")
+    rewards = [e.get("sampled_reward") for e in ev]
+    if any(r is not None and r != e["sampled_accuracy"] for r, e in zip(rewards, ev, strict=True)):
+        ax.plot(x, rewards, "d--", label="held-out, sampled: mean reward (F1 where graded by F1)")
     for role in sorted({r for e in ev for r in e.get("roles", {})}):
         ax.plot(x, [e.get("roles", {}).get(role) for e in ev], "^--", label=f"held-out, sampled: role {role}")
     if not by_time:
@@ -175,9 +184,11 @@ def main() -> None:
         first, last = curve["eval"][0], curve["eval"][-1]
         curve["sampled_gain_points"] = 100 * ((last["sampled_accuracy"] or 0) - (first["sampled_accuracy"] or 0))
         curve["greedy_gain_points"] = 100 * ((last["greedy_accuracy"] or 0) - (first["greedy_accuracy"] or 0))
+        curve["sampled_reward_gain"] = (last.get("sampled_reward") or 0) - (first.get("sampled_reward") or 0)
     (out / "curve.json").write_text(json.dumps(curve, indent=2))
     plot(curve, out / "curve.png")
-    print(json.dumps({k: curve.get(k) for k in ("sampled_gain_points", "greedy_gain_points", "wall_s")}))
+    print(json.dumps({k: curve.get(k) for k in ("sampled_gain_points", "greedy_gain_points", "sampled_reward_gain",
+                                                 "wall_s")}))
     print(f"curve → {out / 'curve.json'} and {out / 'curve.png'}")
     sys.exit(proc.returncode)
 
