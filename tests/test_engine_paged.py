@@ -23,7 +23,8 @@ from rllm_serve.models import LoadedModel
 from rllm_serve.packed_linear import PackedLayers
 from rllm_serve.paged_attention import attend
 from rllm_serve.sampling import SamplingParams
-from rllm_serve.sequence import GenerationRequest, TokenEvent
+from rllm_serve.sequence import GenerationRequest
+from rllm_testing.engine_requests import TokenSink, submit
 
 
 # ---------------------------------------------------------------------- the pool
@@ -117,29 +118,7 @@ def engine(loaded: LoadedModel, path: str) -> Iterator[DecodeEngine]:
     eng.stop()
 
 
-class Collect:
-    def __init__(self, n: int) -> None:
-        self.n, self.events, self.done = n, [], threading.Event()
-
-    def __call__(self, ev: TokenEvent) -> None:
-        self.events.append(ev)
-        if sum(e.finish_reason is not None for e in self.events) == self.n:
-            self.done.set()
-
-    def tokens(self, choice: int) -> list[int]:
-        return [e.token_id for e in self.events if e.choice == choice and e.token_id is not None]
-
-    def logprobs(self, choice: int) -> list[float]:
-        return [e.logprob for e in self.events if e.choice == choice and e.token_id is not None]
-
-    def versions(self, choice: int) -> list[int]:
-        return [e.policy_version for e in self.events if e.choice == choice and e.token_id is not None]
-
-
-def submit(eng: DecodeEngine, prompt: list[int], n: int = 1, **params: object) -> Collect:
-    sink = Collect(n)
-    eng.submit(GenerationRequest(list(prompt), SamplingParams(**params), sink, n=n))  # type: ignore[arg-type]
-    return sink
+Collect = TokenSink  # the name these tests grew up with
 
 
 def fresh_logprobs(model: torch.nn.Module, prompt: list[int], tokens: list[int], temperature: float = 1.0

@@ -18,39 +18,11 @@ import os
 import statistics
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-
-
-class _Collect:
-    """Gathers one request's token events (what the HTTP layer would stream)."""
-
-    def __init__(self, n: int) -> None:
-        self.n, self.events, self.done = n, [], threading.Event()
-
-    def __call__(self, ev: Any) -> None:
-        self.events.append(ev)
-        if sum(e.finish_reason is not None for e in self.events) == self.n:
-            self.done.set()
-
-    def tokens(self, choice: int) -> list[int]:
-        return [e.token_id for e in self.events if e.choice == choice and e.token_id is not None]
-
-    def logprobs(self, choice: int) -> list[float]:
-        return [e.logprob for e in self.events if e.choice == choice and e.token_id is not None]
-
-
-def _submit(engine: Any, prompt: list[int], n: int, **params: Any) -> _Collect:
-    from rllm_serve.sampling import SamplingParams
-    from rllm_serve.sequence import GenerationRequest
-
-    sink = _Collect(n)
-    engine.submit(GenerationRequest(list(prompt), SamplingParams(**params), sink, n=n))
-    return sink
 
 
 def _fresh_logprobs(model: Any, prompt: list[int], tokens: list[int]) -> Any:
@@ -71,6 +43,7 @@ def engine_checks(model_name: str, device: str, dtype_name: str, requests: int, 
 
     from rllm_serve import load_model
     from rllm_serve.engine import DecodeEngine
+    from rllm_testing.engine_requests import submit
 
     dtype = getattr(torch, dtype_name)
     loaded = load_model(model_name, dtype=dtype, device=device)
@@ -79,11 +52,11 @@ def engine_checks(model_name: str, device: str, dtype_name: str, requests: int, 
     vocab = min(int(loaded.model.config.vocab_size), 30000)
     prompt = [(17 * i + 101) % vocab for i in range(96)]
     try:
-        alone = _submit(engine, prompt, 2, max_tokens=32, temperature=1.0, seed=11, ignore_eos=True)
+        alone = submit(engine, prompt, 2, max_tokens=32, temperature=1.0, seed=11, ignore_eos=True)
         assert alone.done.wait(300), "the engine produced nothing in 300 s"
-        noise = [_submit(engine, [(p + 7 * i) % vocab for p in prompt[: 40 + 9 * i]], 2, max_tokens=48,
+        noise = [submit(engine, [(p + 7 * i) % vocab for p in prompt[: 40 + 9 * i]], 2, max_tokens=48,
                          temperature=1.0) for i in range(6)]
-        again = _submit(engine, prompt, 2, max_tokens=32, temperature=1.0, seed=11, ignore_eos=True)
+        again = submit(engine, prompt, 2, max_tokens=32, temperature=1.0, seed=11, ignore_eos=True)
         assert again.done.wait(300) and all(j.done.wait(300) for j in noise)
         diffs = torch.cat([(_fresh_logprobs(reference, prompt, alone.tokens(c)) - torch.tensor(alone.logprobs(c)))
                            .abs() for c in range(2)])
@@ -94,7 +67,7 @@ def engine_checks(model_name: str, device: str, dtype_name: str, requests: int, 
         rates = []
         for _ in range(3):
             started = time.monotonic()
-            jobs = [_submit(engine, [(p + 31 * i) % vocab for p in prompt[:64]], 8, max_tokens=max_tokens,
+            jobs = [submit(engine, [(p + 31 * i) % vocab for p in prompt[:64]], 8, max_tokens=max_tokens,
                             temperature=1.0, ignore_eos=True) for i in range(requests // 8)]
             assert all(j.done.wait(600) for j in jobs)
             rates.append(sum(len(j.tokens(c)) for j in jobs for c in range(8)) / (time.monotonic() - started))
