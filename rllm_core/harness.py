@@ -20,7 +20,7 @@ from rllm_core.errors import ConfigError, RLLMError
 from rllm_core.plugins import PluginManager, get_plugin_manager
 
 __all__ = ["Harness", "HarnessEndpoint", "HarnessError", "HarnessInstall", "HarnessLaunch", "HarnessSpec",
-           "get_harness", "get_harnesses"]
+           "McpServer", "get_harness", "get_harnesses"]
 
 HarnessApi = Literal["chat", "responses", "messages"]
 
@@ -59,6 +59,16 @@ class HarnessInstall:
     home: Path
     version: str
     mount: str = "/opt/rllm-harness"
+
+
+@dataclass(frozen=True)
+class McpServer:
+    """A stdio MCP server the agent starts itself (`command args`, in the sandbox: where the agent runs, so do the
+    servers it spawns). Harnesses that speak MCP take them through `with_mcp`; the others refuse them by name."""
+
+    command: str
+    args: tuple[str, ...] = ()
+    env: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

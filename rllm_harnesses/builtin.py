@@ -18,7 +18,7 @@ import shlex
 import subprocess
 from typing import ClassVar
 
-from rllm_core.harness import HarnessApi, HarnessEndpoint, HarnessInstall, HarnessLaunch
+from rllm_core.harness import HarnessApi, HarnessEndpoint, HarnessInstall, HarnessLaunch, McpServer
 from rllm_harnesses.install import installed_copy, npm_install, pip_install
 from rllm_harnesses.relay import EGRESS_PORT
 
@@ -30,6 +30,7 @@ _COMMON_ENV = {"HTTP_PROXY": _PROXY, "HTTPS_PROXY": _PROXY, "http_proxy": _PROXY
                "CI": "1", "NO_COLOR": "1", "TERM": "dumb"}
 """Every harness: anything but the loopback endpoint goes to the refusing proxy (so attempts are recorded)."""
 SANDBOX_PYTHON = "/usr/bin/python3"
+MCP_CONFIG = "/tmp/rllm-mcp.json"
 
 
 class _PinnedHarness:
@@ -77,6 +78,15 @@ class ClaudeCode(_NpmHarness):
                    f"--max-turns {int(max_turns)} --model {shlex.quote(endpoint.model)}")
         return HarnessLaunch(command, env)
 
+    def with_mcp(self, launch: HarnessLaunch, servers: dict[str, McpServer]) -> HarnessLaunch:
+        """`--mcp-config FILE --strict-mcp-config`: these servers and no others (its tools: mcp__NAME__TOOL), offered
+        in the request's tools rather than behind its ToolSearch (ENABLE_TOOL_SEARCH=false): a policy being trained
+        sees the tools it can call."""
+        config = json.dumps({"mcpServers": {n: {"type": "stdio", "command": s.command, "args": list(s.args),
+                                                "env": dict(s.env)} for n, s in servers.items()}})
+        return HarnessLaunch(f"{launch.command} --mcp-config {MCP_CONFIG} --strict-mcp-config",
+                             {**launch.env, "ENABLE_TOOL_SEARCH": "false"}, {**launch.files, MCP_CONFIG: config})
+
 
 class Codex(_NpmHarness):
     """Codex CLI (`codex exec`): the OpenAI Responses API through a provider in ~/.codex/config.toml."""
@@ -94,6 +104,7 @@ class Codex(_NpmHarness):
         command = (f"{self.program(install)} exec --skip-git-repo-check --dangerously-bypass-approvals-and-sandbox "
                    f"--color never {shlex.quote(instruction)}")
         return HarnessLaunch(command, env, {"/root/.codex/config.toml": config})
+
 
 
 class QwenCode(_NpmHarness):
@@ -120,6 +131,7 @@ class QwenCode(_NpmHarness):
             "memory": {"enableManagedAutoMemory": False, "enableManagedAutoDream": False, "enableAutoSkill": False}})
         command = f"{self.program(install)} -p {shlex.quote(instruction)} --yolo"
         return HarnessLaunch(command, env, {"/root/.qwen/settings.json": settings})
+
 
 
 class MiniSweAgent(_PinnedHarness):

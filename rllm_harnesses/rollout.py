@@ -13,10 +13,11 @@ from __future__ import annotations
 import asyncio
 import shlex
 import time
+from collections.abc import Mapping
 from typing import Any
 
 from rllm_core.errors import ConfigError
-from rllm_core.harness import Harness, HarnessEndpoint, HarnessError, get_harness
+from rllm_core.harness import Harness, HarnessEndpoint, HarnessError, McpServer, get_harness
 from rllm_core.sandbox import current_sandbox
 from rllm_core.types import Task
 from rllm_harnesses.relay import INSIDE_DIR, LLM_PORT, HarnessRelay
@@ -41,9 +42,21 @@ def _script(relay: HarnessRelay, files: dict[str, str], command: str) -> str:
     return "".join(lines)
 
 
+def _with_mcp(harness: Harness, launch: Any, servers: Mapping[str, McpServer]) -> Any:
+    if not servers:
+        return launch
+    with_mcp = getattr(harness, "with_mcp", None)
+    if with_mcp is None:
+        raise ConfigError(f"harness {harness.name!r} does not speak MCP here, so it cannot be given the MCP servers "
+                          f"{sorted(servers)}; claude-code can")
+    return with_mcp(launch, dict(servers))
+
+
 async def run_harness(harness: Harness, task: Task, config: RolloutConfig, *, max_turns: int = DEFAULT_MAX_TURNS,
-                      timeout_s: float | None = None) -> dict[str, Any]:
-    """Run `harness` on `task` in the current sandbox (module docstring); the result for the episode."""
+                      timeout_s: float | None = None, mcp_servers: Mapping[str, McpServer] | None = None
+                      ) -> dict[str, Any]:
+    """Run `harness` on `task` in the current sandbox (module docstring); the result for the episode. With
+    `mcp_servers` (name -> stdio server), the program is configured to start them: in the sandbox, beside it."""
     sandbox = current_sandbox()
     install = harness.installed()
     if install is None:
@@ -55,7 +68,8 @@ async def run_harness(harness: Harness, task: Task, config: RolloutConfig, *, ma
     budget = timeout_s if timeout_s is not None else float(task.metadata.get("agent_timeout_s") or _DEFAULT_TIMEOUT_S)
     endpoint = HarnessEndpoint(base_url=f"http://127.0.0.1:{LLM_PORT}/v1", model=config.model, side_model=SIDE_MODEL)
     max_turns = int(task.metadata.get("max_turns") or max_turns)  # `rllm eval --max-turns` sets it on the task
-    launch = harness.launch(task.instruction, endpoint, install, max_turns=max_turns)
+    launch = _with_mcp(harness, harness.launch(task.instruction, endpoint, install, max_turns=max_turns),
+                       mcp_servers or {})
     cap = config.sampling.get("max_tokens")
     with HarnessRelay(config.base_url, agent=harness.name, side_model=SIDE_MODEL, max_turns=max_turns,
                       max_tokens=int(cap) if isinstance(cap, int) else None) as relay:
@@ -81,12 +95,18 @@ async def run_harness(harness: Harness, task: Task, config: RolloutConfig, *, ma
     return {"answer": "", "harness": out}
 
 
-def harness_rollout(name: str, *, max_turns: int = DEFAULT_MAX_TURNS, timeout_s: float | None = None) -> Rollout:
-    """The rollout (named `name`) that runs harness `name`; it is checked to exist now, installed at run time."""
+def harness_rollout(name: str, *, max_turns: int = DEFAULT_MAX_TURNS, timeout_s: float | None = None,
+                    mcp_servers: Mapping[str, McpServer] | None = None) -> Rollout:
+    """The rollout (named `name`) that runs harness `name`; it is checked to exist now, installed at run time.
+    `mcp_servers`: the agent's own stdio MCP servers (name -> McpServer), started by the program in the sandbox."""
     harness = get_harness(name)
+    servers = dict(mcp_servers or {})
+    if servers and getattr(harness, "with_mcp", None) is None:
+        _with_mcp(harness, None, servers)  # refused now, by name, not at the first episode
 
     async def run(task: Task, config: RolloutConfig) -> dict[str, Any]:
-        return await run_harness(harness, task, config, max_turns=max_turns, timeout_s=timeout_s)
+        return await run_harness(harness, task, config, max_turns=max_turns, timeout_s=timeout_s,
+                                 mcp_servers=servers)
 
     run.__name__ = run.__qualname__ = name.replace("-", "_")
     return rollout(name=name)(run)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -19,7 +20,7 @@ import pytest
 
 import rllm
 from rllm_core.errors import ConfigError
-from rllm_core.harness import HarnessEndpoint, HarnessInstall, HarnessLaunch, get_harness, get_harnesses
+from rllm_core.harness import HarnessEndpoint, HarnessInstall, HarnessLaunch, McpServer, get_harness, get_harnesses
 from rllm_envs.harbor.benchmark import HarborBenchmark
 from rllm_harnesses.relay import EGRESS_PORT, HarnessRelay
 from rllm_harnesses.rollout import harness_rollout, run_harness
@@ -218,3 +219,55 @@ def test_a_harness_run_outside_a_bindable_sandbox_is_refused_by_name(tmp_path: P
     config = rllm.RolloutConfig(base_url="http://127.0.0.1:9/v1", model="m", session_id="s")
     with sandbox_scope(sandbox), pytest.raises(ConfigError, match="--sandbox local"):
         asyncio.run(run_harness(_Probe(tmp_path), task, config))
+
+
+# ------------------------------------------------------------------------------------------------ MCP servers
+MCP_TASKS = Path(__file__).parent / "data" / "harness_mcp_tasks"
+NOTES = {"notes": McpServer("/usr/bin/python3", ("/app/notes_server.py",))}
+SHELL = {"claude-code": ("Bash", "command")}
+
+
+def _mcp_responder(name: str) -> Any:
+    """Call the agent's MCP tool (whatever name the program gives it), write the word it returns with the
+    program's shell tool, finish."""
+    shell, arg = SHELL[name]
+
+    def respond(body: dict[str, Any]) -> Any:
+        if body.get("model") == "rllm-side":
+            return "Code word"
+        done = sum(1 for m in body.get("messages") or [] if m.get("role") == "assistant")
+        if done == 0:
+            names = [t.get("function", t).get("name", "") for t in body.get("tools") or []]
+            tool = next((n for n in names if n.endswith("code_word")), None)
+            return {"tool_call": {"name": tool, "arguments": {}}} if tool else f"no code_word tool among {names}"
+        if done == 1:
+            found = re.search(r"WORD:([\w-]+)", json.dumps(body.get("messages")))
+            word = found.group(1) if found else "MISSING"
+            return {"tool_call": {"name": shell, "arguments": {arg: f"echo {word} > /app/word.txt",
+                                                                "description": "Write the word"}}}
+        return "Done: the code word is in /app/word.txt."
+
+    return respond
+
+
+@pytest.mark.parametrize("name", ["claude-code"])
+def test_the_agents_own_mcp_server_runs_in_its_sandbox(name: str) -> None:
+    """A stdio MCP server of the agent's own (tests/data/harness_mcp_tasks: a dependency-free one in the task's
+    /app) is started by the real program inside the sandbox; its answer reaches the model, and the verifier sees
+    both the file the agent wrote and the server's own log in /app."""
+    _installed(name)
+    with start_fake_upstream(_mcp_responder(name)) as up:
+        bench = HarborBenchmark(MCP_TASKS)
+        [task] = bench.load("test")
+        episode = bench.wrap_rollout(harness_rollout(name, max_turns=6, mcp_servers=NOTES), sandbox="local").run(
+            task, base_url=up.base_url, model="policy")
+    verdict, run = episode.artifacts["harbor"], episode.artifacts["harness"]
+    assert verdict["reason"] == "correct" and verdict["reward"] == 1.0, (verdict, run["output_tail"])
+    called = [t["function"]["name"] for s in episode.steps for t in s.tool_calls or []]
+    assert called[0].endswith("code_word") and len(episode.steps) == 3
+
+
+@pytest.mark.parametrize("name", ["codex", "qwen-code", "mini-swe-agent"])
+def test_a_harness_without_mcp_wiring_refuses_mcp_servers_by_name(name: str) -> None:
+    with pytest.raises(ConfigError, match=f"'{name}' does not speak MCP here"):
+        harness_rollout(name, mcp_servers=NOTES)
