@@ -64,10 +64,12 @@ PRESETS: dict[str, dict[str, Any]] = {
                         "max_tokens": 12, "lr": 5e-6, "eval_every": 5, "eval_examples": 40, "eval_attempts": 2,
                         "micro_batch_size": 16, "bf16": False,
                         "out": "benchmarks/results/learning_curve_langgraph_retry"},
-    # issue 32: the plain-OpenAI-SDK search agent on HotpotQA; the reward is F1 (val/reward/mean), EM is accuracy
+    # issue 32: the plain-OpenAI-SDK search agent on HotpotQA; the reward is F1 (val/reward/mean), EM is accuracy.
+    # Most groups score 0 everywhere at 135M: --rejection group trains only on groups whose rewards differ
     "search-hotpotqa": {"benchmark": "hotpotqa", "agent": "examples/agents/search_openai.py:agent", "max_tokens": 64,
                         "lr": 5e-6, "eval_every": 10, "eval_examples": 40, "eval_attempts": 1, "micro_batch_size": 4,
-                        "bf16": False, "minutes": 40, "out": "benchmarks/results/learning_curve_search_hotpotqa"},
+                        "bf16": False, "minutes": 40, "extra": ["--rejection", "group"],
+                        "out": "benchmarks/results/learning_curve_search_hotpotqa"},
     "solver-judge": {"benchmark": "arithmetic", "workflow": "solver-judge", "max_tokens": 12, "lr": 5e-6,
                      "eval_every": 10, "eval_examples": 32, "eval_attempts": 2, "micro_batch_size": 16,
                      "bf16": False, "out": "benchmarks/results/learning_curve_solver_judge"},

@@ -156,3 +156,38 @@ def test_tools_search_open_and_record_every_call(index: BM25Index) -> None:
     assert records[0]["arguments"] == {"query": "Kiss and Tell Corliss Archer", "k": 2}
     assert records[0]["result_chars"] == len(found) and records[0]["error"] is None and records[0]["latency_s"] >= 0
     assert all(r["error"] for r in records[2:]) and records[5]["arguments"] == "{not json"
+
+
+def test_dense_retrieval_refuses_by_name_what_is_missing(tmp_path: Path) -> None:
+    import importlib.util
+
+    from rllm_envs.search.dense_index import DenseIndex, dense_unavailable
+
+    why = dense_unavailable(str(tmp_path / "no-model"))
+    assert why is not None
+    if importlib.util.find_spec("faiss") is None:
+        assert "faiss-cpu" in why and "pip install" in why
+    else:
+        assert "is not a directory on this machine" in why
+    with pytest.raises(BenchmarkError, match="dense retrieval"):
+        DenseIndex([Passage(id="a", text="x")], str(tmp_path / "no-model"))
+
+
+def test_the_retrieve_cli_says_what_is_wrong_in_one_line(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from rllm.cli.app import build_app
+
+    runner, app = CliRunner(), build_app()
+    missing = runner.invoke(app, ["retrieve", "build", str(tmp_path / "none.jsonl")])
+    assert missing.exit_code == 2 and "does not exist" in missing.output and "Traceback" not in missing.output
+    corpus = write_corpus(tmp_path / "corpus.jsonl")
+    built = runner.invoke(app, ["retrieve", "build", str(corpus)], env={"RLLM_HOME": str(tmp_path / "home")})
+    assert built.exit_code == 0, built.output
+    (folder,) = (tmp_path / "home" / "search").iterdir()
+    (folder / "meta.json").write_text("{broken")
+    corrupt = runner.invoke(app, ["retrieve", "build", str(corpus)], env={"RLLM_HOME": str(tmp_path / "home")})
+    assert corrupt.exit_code == 2 and "--rebuild" in corrupt.output
+    fixed = runner.invoke(app, ["retrieve", "build", str(corpus), "--rebuild"],
+                          env={"RLLM_HOME": str(tmp_path / "home")})
+    assert fixed.exit_code == 0 and "8 passages" in fixed.output
