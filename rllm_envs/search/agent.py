@@ -84,7 +84,7 @@ async def rag_agent(task: Task, config: RolloutConfig) -> dict[str, Any]:
     searched once (by the environment, not the model), its top passages go in the prompt, one call answers."""
     import asyncio
 
-    from rllm_envs.search.hotpotqa import ANSWER_HINT
+    from rllm_envs.search.answer_metrics import ANSWER_HINT
     from rllm_rollout.chat import chat, make_client
 
     source = await asyncio.to_thread(passage_source, task)

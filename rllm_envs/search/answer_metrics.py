@@ -16,7 +16,10 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel
 
-__all__ = ["AnswerScore", "exact_match", "f1_precision_recall", "normalize_answer", "score_answer"]
+__all__ = ["ANSWER_HINT", "AnswerScore", "exact_match", "f1_precision_recall", "normalize_answer", "score_answer"]
+
+ANSWER_HINT = "Find the facts you need, then end your reply with one line: 'FINAL ANSWER: <short answer>'."
+"""The answer format every hotpotqa agent is asked for (the grader reads the line)."""
 
 _PUNCT = str.maketrans("", "", string.punctuation)
 _ARTICLES = re.compile(r"\b(a|an|the)\b")

@@ -22,7 +22,7 @@ from typing import Any
 from rllm_core.errors import BenchmarkError
 from rllm_core.rewards import RewardResult
 from rllm_core.types import Episode, Task
-from rllm_envs.search.answer_metrics import score_answer
+from rllm_envs.search.answer_metrics import ANSWER_HINT, score_answer
 from rllm_envs.search.corpus import hotpotqa_contexts, passage_id
 from rllm_rollout.benchmarks.base import Benchmark
 from rllm_rollout.benchmarks.data import hub_unreachable, read_rows, resolve_data_dir
@@ -33,7 +33,6 @@ __all__ = ["HotpotQA", "extract_answer", "in_test_split", "supporting_recall"]
 FOLDER = "hotpotqa"
 HUB_ID, HUB_CONFIG = "hotpotqa/hotpot_qa", "distractor"
 TEST_PERCENT = 20
-ANSWER_HINT = "Find the facts you need, then end your reply with one line: 'FINAL ANSWER: <short answer>'."
 _MARKERS = [re.compile(r"<answer>(.*?)</answer>", re.S | re.I),
             re.compile(r"FINAL\s+ANSWER\**\s*:\s*\**(.*?)(?:\n\s*\n|$)", re.S | re.I),
             re.compile(r"\\boxed\{([^{}]*)\}"),
