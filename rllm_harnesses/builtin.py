@@ -132,6 +132,16 @@ class QwenCode(_NpmHarness):
         command = f"{self.program(install)} -p {shlex.quote(instruction)} --yolo"
         return HarnessLaunch(command, env, {"/root/.qwen/settings.json": settings})
 
+    def with_mcp(self, launch: HarnessLaunch, servers: dict[str, McpServer]) -> HarnessLaunch:
+        """`mcpServers` in its settings.json (trusted, so --yolo calls them), with its ToolSearch bridge off
+        (`tools.toolSearch.enabled`): the servers' tools are declared in each request."""
+        settings = json.loads(launch.files["/root/.qwen/settings.json"])
+        settings["mcpServers"] = {n: {"command": s.command, "args": list(s.args), "env": dict(s.env), "trust": True}
+                                  for n, s in servers.items()}
+        settings["tools"] = {**settings.get("tools", {}), "toolSearch": {"enabled": False}}
+        return HarnessLaunch(launch.command, launch.env,
+                             {**launch.files, "/root/.qwen/settings.json": json.dumps(settings)})
+
 
 
 class MiniSweAgent(_PinnedHarness):

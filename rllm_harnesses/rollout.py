@@ -48,7 +48,7 @@ def _with_mcp(harness: Harness, launch: Any, servers: Mapping[str, McpServer]) -
     with_mcp = getattr(harness, "with_mcp", None)
     if with_mcp is None:
         raise ConfigError(f"harness {harness.name!r} does not speak MCP here, so it cannot be given the MCP servers "
-                          f"{sorted(servers)}; claude-code can")
+                          f"{sorted(servers)}; claude-code and qwen-code can")
     return with_mcp(launch, dict(servers))
 
 

@@ -224,7 +224,7 @@ def test_a_harness_run_outside_a_bindable_sandbox_is_refused_by_name(tmp_path: P
 # ------------------------------------------------------------------------------------------------ MCP servers
 MCP_TASKS = Path(__file__).parent / "data" / "harness_mcp_tasks"
 NOTES = {"notes": McpServer("/usr/bin/python3", ("/app/notes_server.py",))}
-SHELL = {"claude-code": ("Bash", "command")}
+SHELL = {"claude-code": ("Bash", "command"), "qwen-code": ("run_shell_command", "command")}
 
 
 def _mcp_responder(name: str) -> Any:
@@ -250,7 +250,7 @@ def _mcp_responder(name: str) -> Any:
     return respond
 
 
-@pytest.mark.parametrize("name", ["claude-code"])
+@pytest.mark.parametrize("name", ["claude-code", "qwen-code"])
 def test_the_agents_own_mcp_server_runs_in_its_sandbox(name: str) -> None:
     """A stdio MCP server of the agent's own (tests/data/harness_mcp_tasks: a dependency-free one in the task's
     /app) is started by the real program inside the sandbox; its answer reaches the model, and the verifier sees
@@ -267,7 +267,7 @@ def test_the_agents_own_mcp_server_runs_in_its_sandbox(name: str) -> None:
     assert called[0].endswith("code_word") and len(episode.steps) == 3
 
 
-@pytest.mark.parametrize("name", ["codex", "qwen-code", "mini-swe-agent"])
+@pytest.mark.parametrize("name", ["codex", "mini-swe-agent"])
 def test_a_harness_without_mcp_wiring_refuses_mcp_servers_by_name(name: str) -> None:
     with pytest.raises(ConfigError, match=f"'{name}' does not speak MCP here"):
         harness_rollout(name, mcp_servers=NOTES)
