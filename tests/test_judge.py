@@ -162,3 +162,12 @@ def test_training_with_a_judge_reward_never_trains_on_judge_calls_or_unknown_rew
     else:
         assert all(e.reward_reason == "judge_error" for e in episodes)
         assert "no episode has a known reward" in step["skipped"]
+
+
+def test_a_judge_pickles_for_a_rollout_worker_and_works_there(judge_url: Any) -> None:
+    import pickle
+
+    judge = Judge(JudgeModel(base_url=judge_url.base_url, model="judge"), load_rubric(None))
+    judge.judge("q", RIGHT, "Chief of Protocol")  # its HTTP client exists now; the copy makes its own
+    copy = pickle.loads(pickle.dumps(judge))
+    assert copy.judge("q2", WRONG, "Chief of Protocol").score == 0.2

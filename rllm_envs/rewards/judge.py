@@ -157,9 +157,19 @@ class Judge:
         self.cache.parent.mkdir(parents=True, exist_ok=True)
         with sqlite3.connect(self.cache, timeout=30) as db:
             db.execute("CREATE TABLE IF NOT EXISTS verdicts (key TEXT PRIMARY KEY, score REAL, reason TEXT)")
-        self._http = httpx.Client(base_url=model.base_url, timeout=model.timeout_s, trust_env=False,
-                                  headers={"Authorization": f"Bearer {model.api_key()}"})
+        self._client: httpx.Client | None = None
         self._model_name: str | None = model.model
+
+    @property
+    def _http(self) -> httpx.Client:
+        """Made on first use, so a Judge pickles to a Ray rollout worker (which makes its own)."""
+        if self._client is None:
+            self._client = httpx.Client(base_url=self.model.base_url, timeout=self.model.timeout_s, trust_env=False,
+                                        headers={"Authorization": f"Bearer {self.model.api_key()}"})
+        return self._client
+
+    def __getstate__(self) -> dict[str, object]:
+        return {**self.__dict__, "_client": None}
 
     def _name(self) -> str:
         if self._model_name is None:  # a URL alone: the server's first model
@@ -210,4 +220,6 @@ class Judge:
         return record.model_copy(update={"latency_s": round(time.monotonic() - started, 4)})
 
     def close(self) -> None:
-        self._http.close()
+        if self._client is not None:
+            self._client.close()
+            self._client = None
