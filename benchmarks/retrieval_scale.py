@@ -14,6 +14,7 @@ figures from one kind of CPU say nothing of another.
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import random
@@ -35,7 +36,7 @@ def make_corpus(path: Path, n: int, seed: int = 0) -> list[str]:
     letters = "abcdefghijklmnopqrstuvwxyz"
     vocab = ["".join(rng.choice(letters) for _ in range(rng.randint(3, 9))) for _ in range(50_000)]
     weights = [1 / (r + 1) for r in range(len(vocab))]
-    cum = list(__import__("itertools").accumulate(weights))
+    cum = list(itertools.accumulate(weights))
     queries: list[str] = []
     with open(path, "w", encoding="utf-8") as f:
         for i in range(n):
@@ -105,13 +106,11 @@ def _drive(url: str, queries: list[str], clients: int, per_client: int) -> dict[
 def server_load(corpus: str, queries: list[str], home: str, clients: tuple[int, ...], per_client: int
                 ) -> list[dict[str, float]]:
     """`rllm retrieve serve` in its own process (as users run it), the clients in this one."""
-    import socket
-
     import httpx
 
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
+    from rllm_core.net import free_port
+
+    port = free_port("127.0.0.1")
     proc = subprocess.Popen([sys.executable, "-m", "rllm", "retrieve", "serve", "--corpus", corpus, "--port",
                              str(port), "--max-concurrency", str(os.cpu_count() or 2), "--max-queue", "1024"],
                             env={**os.environ, "RLLM_HOME": home}, stdout=subprocess.DEVNULL,

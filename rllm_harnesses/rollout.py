@@ -42,14 +42,15 @@ def _script(relay: HarnessRelay, files: dict[str, str], command: str) -> str:
     return "".join(lines)
 
 
-def _with_mcp(harness: Harness, launch: Any, servers: Mapping[str, McpServer]) -> Any:
-    if not servers:
-        return launch
-    with_mcp = getattr(harness, "with_mcp", None)
-    if with_mcp is None:
+def _check_mcp(harness: Harness, servers: Mapping[str, McpServer]) -> None:
+    if servers and getattr(harness, "with_mcp", None) is None:
         raise ConfigError(f"harness {harness.name!r} does not speak MCP here, so it cannot be given the MCP servers "
                           f"{sorted(servers)}; claude-code and qwen-code can")
-    return with_mcp(launch, dict(servers))
+
+
+def _with_mcp(harness: Harness, launch: Any, servers: Mapping[str, McpServer]) -> Any:
+    _check_mcp(harness, servers)
+    return harness.with_mcp(launch, dict(servers)) if servers else launch  # type: ignore[attr-defined]
 
 
 async def run_harness(harness: Harness, task: Task, config: RolloutConfig, *, max_turns: int = DEFAULT_MAX_TURNS,
@@ -101,8 +102,7 @@ def harness_rollout(name: str, *, max_turns: int = DEFAULT_MAX_TURNS, timeout_s:
     `mcp_servers`: the agent's own stdio MCP servers (name -> McpServer), started by the program in the sandbox."""
     harness = get_harness(name)
     servers = dict(mcp_servers or {})
-    if servers and getattr(harness, "with_mcp", None) is None:
-        _with_mcp(harness, None, servers)  # refused now, by name, not at the first episode
+    _check_mcp(harness, servers)  # refused now, by name, not at the first episode
 
     async def run(task: Task, config: RolloutConfig) -> dict[str, Any]:
         return await run_harness(harness, task, config, max_turns=max_turns, timeout_s=timeout_s,

@@ -35,7 +35,7 @@ from rllm_serve.protocol import (
 from rllm_serve.responses import ChoiceResult, ResponseBuilder
 from rllm_serve.responses_api import ResponsesBuilder, stream_response
 from rllm_serve.sequence import GenerationRequest, TokenEvent
-from rllm_serve.tool_prompt import tools_in_messages
+from rllm_serve.tool_prompt import content_text, tools_in_messages
 
 __all__ = ["MODEL_ALIASES", "check_default_adapter", "engine_adapters", "make_app"]
 
@@ -282,13 +282,7 @@ async def _collect(queue: asyncio.Queue[TokenEvent], n: int) -> list[ChoiceResul
 
 def _plain_message(m: dict[str, Any]) -> dict[str, Any]:
     """Content parts joined into text and None content made "" so simple chat templates can render them."""
-    out = dict(m)
-    content = out.get("content")
-    if isinstance(content, list):
-        out["content"] = "".join(p.get("text", "") for p in content if isinstance(p, dict))
-    elif content is None:
-        out["content"] = ""
-    return out
+    return {**m, "content": content_text(m.get("content"))}
 
 
 def _error(status: int, message: str, param: str | None = None) -> web.Response:

@@ -29,6 +29,7 @@ from typing import Any
 import torch
 
 from rllm_core.errors import ConfigError
+from rllm_core.home import rllm_home
 from rllm_serve.run_model import checkpoint_info, resolve_checkpoint
 
 __all__ = ["BASE_ADAPTER", "BUILTIN_MODELS", "EMBEDDED_GGUF", "LoadedModel", "load_checkpoint_model", "load_model",
@@ -100,11 +101,6 @@ def lora_adapters(model: Any) -> list[str]:
         raise ConfigError("the served peft model has merged adapters; call unmerge_adapter() on (a copy of) it "
                           "before serving, so every adapter can be picked per request")
     return names
-
-
-def rllm_home() -> Path:
-    """Where rllm keeps converted models: ``$RLLM_HOME`` or ``~/.cache/rllm``."""
-    return Path(os.environ.get("RLLM_HOME") or Path.home() / ".cache" / "rllm")
 
 
 _quiet_lock = threading.Lock()

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["tools_in_messages"]
+__all__ = ["content_text", "tools_in_messages"]
 
 _PREAMBLE = (
     "# Tools\n\nYou can call functions to help with the user's request. Their signatures, as JSON, are inside "
@@ -42,7 +42,8 @@ def _call_block(call: dict[str, Any]) -> str:
     return "<tool_call>\n" + json.dumps({"name": fn.get("name", ""), "arguments": args}) + "\n</tool_call>"
 
 
-def _text(content: Any) -> str:
+def content_text(content: Any) -> str:
+    """A message's content as text: its parts' texts joined, None as ""."""
     if isinstance(content, list):
         return "".join(p.get("text", "") for p in content if isinstance(p, dict))
     return "" if content is None else str(content)
@@ -53,7 +54,7 @@ def tools_in_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]
     preamble = _PREAMBLE.format(tools="\n".join(json.dumps(t.get("function", t)) for t in tools))
     out: list[dict[str, Any]] = []
     if messages and messages[0].get("role") in ("system", "developer"):
-        first = _text(messages[0].get("content"))
+        first = content_text(messages[0].get("content"))
         out.append({"role": "system", "content": f"{first}\n\n{preamble}" if first else preamble})
         rest = messages[1:]
     else:
@@ -62,13 +63,13 @@ def tools_in_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]
     for m in rest:
         role = m.get("role")
         if role == "tool":
-            block = f"<tool_response>\n{_text(m.get('content'))}\n</tool_response>"
+            block = f"<tool_response>\n{content_text(m.get('content'))}\n</tool_response>"
             if out and out[-1].get("_tool_results"):
                 out[-1]["content"] += "\n" + block
             else:
                 out.append({"role": "user", "content": block, "_tool_results": True})
         elif role == "assistant" and m.get("tool_calls"):
-            text = _text(m.get("content"))
+            text = content_text(m.get("content"))
             blocks = "\n".join(_call_block(c) for c in m["tool_calls"])
             out.append({"role": "assistant", "content": f"{text}\n{blocks}" if text else blocks})
         else:

@@ -20,6 +20,7 @@ import httpx
 import pytest
 from test_search import CORPUS, QUERIES, write_corpus
 
+from rllm_core.net import free_port
 from rllm_envs.search.bm25_index import BM25Index, open_index
 from rllm_envs.search.corpus import Passage
 from rllm_envs.search.hotpotqa import HotpotQA
@@ -93,12 +94,6 @@ def test_a_full_queue_answers_503_and_the_client_retries(index: BM25Index) -> No
         assert held.result().status_code == 200
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 def _mcp_round_trip(target: Any) -> tuple[list[str], str, str]:
     from mcp import Client
 
@@ -122,7 +117,7 @@ def test_the_tools_round_trip_over_mcp_and_every_call_is_recorded(tmp_path: Path
     if transport == "stdio":
         names, found, opened = _mcp_round_trip(StdioServerParameters(command=command[0], args=command[1:], env=env))
     else:
-        port = _free_port()
+        port = free_port("127.0.0.1")
         proc = subprocess.Popen([*command, "--transport", "http", "--port", str(port)], env=env,
                                 stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
         try:

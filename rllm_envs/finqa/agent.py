@@ -16,7 +16,6 @@ from rllm_core.types import Task
 from rllm_envs.finqa.data import FinTable, materialise
 from rllm_envs.finqa.tools import TOOL_SPECS, FinQATools
 from rllm_envs.tool_loop import parse_text_tool_calls, run_tool_loop
-from rllm_envs.tool_records import ToolLog
 from rllm_rollout.rollout import RolloutConfig, rollout
 
 __all__ = ["DEFAULT_MAX_TURNS", "SYSTEM_PROMPT", "finqa_agent", "parse_text_tool_calls"]
@@ -40,12 +39,10 @@ async def finqa_agent(task: Task, config: RolloutConfig) -> dict[str, Any]:
     question = str(meta.get("question") or task.instruction)
     company = str(meta.get("company") or "")
     user = f"Company: {company}\n\nQuestion: {question}" if company else f"Question: {question}"
-    log = ToolLog()
     with tempfile.TemporaryDirectory(prefix="rllm-finqa-") as tmp:
         catalogue = await asyncio.to_thread(materialise, tables, Path(tmp) / "tables.sqlite")
         with FinQATools(Path(tmp) / "tables.sqlite", catalogue) as tools:
             out = await run_tool_loop(task, config, system_prompt=SYSTEM_PROMPT, user=user, specs=TOOL_SPECS,
-                                      call_tool=lambda name, args: log.call(name, args, lambda: tools.call(name, args)),
-                                      max_turns=max_turns)
+                                      call_tool=tools.call, max_turns=max_turns)
             accessed = list(dict.fromkeys(tools.accessed_tables))
-    return {**out, "accessed_tables": accessed, "tool_log": log.records()}
+    return {**out, "accessed_tables": accessed, "tool_log": tools.log.records()}

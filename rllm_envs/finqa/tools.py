@@ -19,6 +19,9 @@ import time
 from pathlib import Path
 from typing import Any
 
+from rllm_envs.tool_calls import dispatch
+from rllm_envs.tool_records import ToolLog
+
 __all__ = ["TOOL_SPECS", "FinQATools", "calculate"]
 
 TOOL_SPECS: list[dict[str, Any]] = [
@@ -52,8 +55,9 @@ class FinQATools:
     """The tools over the database `materialise` wrote at `db_path` (its `catalogue` describes the tables)."""
 
     def __init__(self, db_path: Path, catalogue: list[dict[str, Any]], *, max_rows: int = 50,
-                 max_chars: int = 8000, time_budget_s: float = 2.0, sample_rows: int = 5) -> None:
-        self.catalogue = catalogue
+                 max_chars: int = 8000, time_budget_s: float = 2.0, sample_rows: int = 5,
+                 log: ToolLog | None = None) -> None:
+        self.catalogue, self.log = catalogue, log or ToolLog()
         self.max_rows, self.max_chars, self.sample_rows = max_rows, max_chars, sample_rows
         self.time_budget_s = time_budget_s
         self.accessed_tables: list[str] = []
@@ -87,24 +91,9 @@ class FinQATools:
         return text[: self.max_chars] + f"\n...(cut: {len(text) - self.max_chars} more characters)"
 
     def call(self, name: str, arguments: str | dict[str, Any] | None) -> str:
-        """Dispatch one tool call by name with its JSON arguments; always a string."""
-        try:
-            args = json.loads(arguments or "{}") if isinstance(arguments, str) else dict(arguments or {})
-        except json.JSONDecodeError as exc:
-            return f"Error: the arguments of {name} are not valid JSON ({exc.msg}); send an object like " \
-                   '{"sql": "SELECT ..."}'
-        if not isinstance(args, dict):
-            return f"Error: the arguments of {name} must be a JSON object"
+        """Run one tool call by name with its JSON arguments (`rllm_envs.tool_calls.dispatch`); always a string."""
         tools = {"get_table_info": self.get_table_info, "sql_query": self.sql_query, "calculator": self.calculator}
-        fn = tools.get(name)
-        if fn is None:
-            return f"Error: unknown tool {name!r}; the tools are {', '.join(tools)}"
-        try:
-            return self._clip(fn(**args))
-        except TypeError as exc:
-            return f"Error: bad arguments for {name}: {exc}"
-        except Exception as exc:  # a tool bug is the model's observation, never the episode's crash
-            return f"Error: {name} failed: {type(exc).__name__}: {exc}"
+        return dispatch(name, arguments, tools, self.log, example='{"sql": "SELECT ..."}', clip=self._clip)
 
     # ------------------------------------------------------------------ tools
     def _find(self, table_name: str) -> dict[str, Any] | None:

@@ -271,14 +271,16 @@ def _builtin_named_calls(tree: ast.Module) -> set[str]:
     """Builtin names an assert calls at its top (`assert sum(10, 15) == 6`): MBPP's task 126 asks for a function
     named `sum`. Bound to the solution only when the tests use no other solution name, so a wrapper such as
     `assert len(f(x)) == 3` never reaches a solution's own `len`."""
-    names = set()
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Assert):
-            top = node.test.operand if isinstance(node.test, ast.UnaryOp) else node.test
-            top = top.left if isinstance(top, ast.Compare) else top
-            if isinstance(top, ast.Call) and isinstance(top.func, ast.Name) and top.func.id in dir(builtins):
-                names.add(top.func.id)
-    return names
+    calls = (_top_call(node) for node in ast.walk(tree) if isinstance(node, ast.Assert))
+    return {c.func.id for c in calls if c is not None and c.func.id in dir(builtins)}  # type: ignore[attr-defined]
+
+
+def _top_call(node: ast.Assert) -> ast.Call | None:
+    """The call an assert checks (`f(x)` in `assert f(x) == y`, `assert not f(x)`, `assert f(x)`), when it calls a
+    plain name."""
+    top = node.test.operand if isinstance(node.test, ast.UnaryOp) else node.test
+    top = top.left if isinstance(top, ast.Compare) else top
+    return top if isinstance(top, ast.Call) and isinstance(top.func, ast.Name) else None
 
 
 class _SolutionCalls(ast.NodeTransformer):
@@ -293,10 +295,9 @@ class _SolutionCalls(ast.NodeTransformer):
         return f"__solution_{name}"
 
     def visit_Assert(self, node: ast.Assert) -> ast.Assert:
-        top = node.test.operand if isinstance(node.test, ast.UnaryOp) else node.test
-        top = top.left if isinstance(top, ast.Compare) else top
-        if isinstance(top, ast.Call) and isinstance(top.func, ast.Name) and top.func.id in self.names:
-            top.func = ast.copy_location(ast.Name(self.alias(top.func.id), ast.Load()), top.func)
+        top = _top_call(node)
+        if top is not None and top.func.id in self.names:  # type: ignore[attr-defined]
+            top.func = ast.copy_location(ast.Name(self.alias(top.func.id), ast.Load()), top.func)  # type: ignore[attr-defined]
         return node
 
 

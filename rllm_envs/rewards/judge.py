@@ -28,6 +28,7 @@ import httpx
 from pydantic import BaseModel, ConfigDict
 
 from rllm_core.errors import ConfigError
+from rllm_core.home import rllm_home
 
 __all__ = ["RUBRICS", "Judge", "JudgeError", "JudgeModel", "JudgeRecord", "cut_instructions", "load_rubric",
            "parse_verdict"]
@@ -152,8 +153,7 @@ class Judge:
 
     def __init__(self, model: JudgeModel, rubric: str, cache: Path | None = None) -> None:
         self.model, self.rubric = model, rubric
-        home = Path(os.environ.get("RLLM_HOME") or Path.home() / ".cache" / "rllm")
-        self.cache = cache or home / "judge-cache.sqlite"
+        self.cache = cache or rllm_home() / "judge-cache.sqlite"
         self.cache.parent.mkdir(parents=True, exist_ok=True)
         with sqlite3.connect(self.cache, timeout=30) as db:
             db.execute("CREATE TABLE IF NOT EXISTS verdicts (key TEXT PRIMARY KEY, score REAL, reason TEXT)")

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import tempfile
 import threading
@@ -25,6 +24,7 @@ from pathlib import Path
 from pydantic import BaseModel
 
 from rllm_core.errors import BenchmarkError
+from rllm_core.home import rllm_home
 from rllm_envs.search.corpus import Passage, file_digest, read_corpus
 
 __all__ = ["BM25Index", "IndexUnreadable", "SearchHit", "default_cache_root", "index_dir", "open_index"]
@@ -48,7 +48,7 @@ class SearchHit(BaseModel):
 
 
 def default_cache_root() -> Path:
-    return Path(os.environ.get("RLLM_HOME") or Path.home() / ".cache" / "rllm") / "search"
+    return rllm_home() / "search"
 
 
 def index_dir(corpus: Path, cache_root: Path | None = None) -> Path:

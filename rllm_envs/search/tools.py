@@ -9,11 +9,11 @@ the benchmark scores supporting-passage recall.
 
 from __future__ import annotations
 
-import json
 from typing import Any, Protocol
 
 from rllm_envs.search.bm25_index import SearchHit
 from rllm_envs.search.corpus import Passage
+from rllm_envs.tool_calls import dispatch
 from rllm_envs.tool_records import ToolLog
 
 __all__ = ["MAX_K", "TOOL_SPECS", "PassageSource", "SearchTools", "format_hits"]
@@ -58,28 +58,11 @@ class SearchTools:
         self.opened_ids: list[str] = []
 
     def call(self, name: str, arguments: str | dict[str, Any] | None) -> str:
-        """Dispatch one tool call by name with its JSON arguments; always a string."""
-        try:
-            args = json.loads(arguments or "{}") if isinstance(arguments, str) else dict(arguments or {})
-        except json.JSONDecodeError as exc:
-            message = (f"Error: the arguments of {name} are not valid JSON ({exc.msg}); send an object like "
-                       '{"query": "..."}')
-            return self.log.call(name, str(arguments), lambda: message)
-        if not isinstance(args, dict):
-            return self.log.call(name, str(arguments), lambda: f"Error: the arguments of {name} must be an object")
-        return self.log.call(name, args, lambda: self._run(name, args))
+        """Run one tool call by name with its JSON arguments (`rllm_envs.tool_calls.dispatch`); always a string."""
+        return dispatch(name, arguments, {"search": self.search, "open": self.open}, self.log,
+                        example='{"query": "..."}', clip=self._clip)
 
-    def _run(self, name: str, args: dict[str, Any]) -> str:
-        tools = {"search": self.search, "open": self.open}
-        fn = tools.get(name)
-        if fn is None:
-            return f"Error: unknown tool {name!r}; the tools are {', '.join(tools)}"
-        try:
-            text = fn(**args)
-        except TypeError as exc:
-            return f"Error: bad arguments for {name}: {exc}"
-        except Exception as exc:  # a retrieval failure is the model's observation, never the episode's crash
-            return f"Error: {name} failed: {type(exc).__name__}: {exc}"
+    def _clip(self, text: str) -> str:
         return text if len(text) <= self.max_chars else text[: self.max_chars] + "\n...(cut)"
 
     def search(self, query: str, k: int | str = 5) -> str:
