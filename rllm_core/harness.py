@@ -20,7 +20,7 @@ from rllm_core.errors import ConfigError, RLLMError
 from rllm_core.plugins import PluginManager, get_plugin_manager
 
 __all__ = ["Harness", "HarnessEndpoint", "HarnessError", "HarnessInstall", "HarnessLaunch", "HarnessSpec",
-           "McpServer", "get_harness", "get_harnesses"]
+           "McpHttpServer", "McpServer", "get_harness", "get_harnesses"]
 
 HarnessApi = Literal["chat", "responses", "messages"]
 
@@ -69,6 +69,16 @@ class McpServer:
     command: str
     args: tuple[str, ...] = ()
     env: Mapping[str, str] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class McpHttpServer:
+    """An MCP server on the host, over streamable HTTP: an environment's tools (`rllm retrieve mcp --transport
+    http`) offered to a CLI agent in its network-less sandbox. The harness relay carries the agent's requests to
+    `url` and nowhere else, and records each tool call on the episode (`artifacts["tool_log"]`)."""
+
+    url: str
+    headers: Mapping[str, str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ import shlex
 import subprocess
 from typing import ClassVar
 
-from rllm_core.harness import HarnessApi, HarnessEndpoint, HarnessInstall, HarnessLaunch, McpServer
+from rllm_core.harness import HarnessApi, HarnessEndpoint, HarnessInstall, HarnessLaunch, McpHttpServer, McpServer
 from rllm_harnesses.install import installed_copy, npm_install, pip_install
 from rllm_harnesses.relay import EGRESS_PORT
 
@@ -31,6 +31,18 @@ _COMMON_ENV = {"HTTP_PROXY": _PROXY, "HTTPS_PROXY": _PROXY, "http_proxy": _PROXY
 """Every harness: anything but the loopback endpoint goes to the refusing proxy (so attempts are recorded)."""
 SANDBOX_PYTHON = "/usr/bin/python3"
 MCP_CONFIG = "/tmp/rllm-mcp.json"
+
+
+def _claude_mcp(server: McpServer | McpHttpServer) -> dict[str, object]:
+    if isinstance(server, McpHttpServer):
+        return {"type": "http", "url": server.url, "headers": dict(server.headers)}
+    return {"type": "stdio", "command": server.command, "args": list(server.args), "env": dict(server.env)}
+
+
+def _qwen_mcp(server: McpServer | McpHttpServer) -> dict[str, object]:
+    if isinstance(server, McpHttpServer):  # Gemini CLI's streamable-HTTP key (`url` would be the older SSE one)
+        return {"httpUrl": server.url, "headers": dict(server.headers), "trust": True}
+    return {"command": server.command, "args": list(server.args), "env": dict(server.env), "trust": True}
 
 
 class _PinnedHarness:
@@ -78,12 +90,11 @@ class ClaudeCode(_NpmHarness):
                    f"--max-turns {int(max_turns)} --model {shlex.quote(endpoint.model)}")
         return HarnessLaunch(command, env)
 
-    def with_mcp(self, launch: HarnessLaunch, servers: dict[str, McpServer]) -> HarnessLaunch:
+    def with_mcp(self, launch: HarnessLaunch, servers: dict[str, McpServer | McpHttpServer]) -> HarnessLaunch:
         """`--mcp-config FILE --strict-mcp-config`: these servers and no others (its tools: mcp__NAME__TOOL), offered
         in the request's tools rather than behind its ToolSearch (ENABLE_TOOL_SEARCH=false): a policy being trained
         sees the tools it can call."""
-        config = json.dumps({"mcpServers": {n: {"type": "stdio", "command": s.command, "args": list(s.args),
-                                                "env": dict(s.env)} for n, s in servers.items()}})
+        config = json.dumps({"mcpServers": {n: _claude_mcp(s) for n, s in servers.items()}})
         return HarnessLaunch(f"{launch.command} --mcp-config {MCP_CONFIG} --strict-mcp-config",
                              {**launch.env, "ENABLE_TOOL_SEARCH": "false"}, {**launch.files, MCP_CONFIG: config})
 
@@ -132,12 +143,11 @@ class QwenCode(_NpmHarness):
         command = f"{self.program(install)} -p {shlex.quote(instruction)} --yolo"
         return HarnessLaunch(command, env, {"/root/.qwen/settings.json": settings})
 
-    def with_mcp(self, launch: HarnessLaunch, servers: dict[str, McpServer]) -> HarnessLaunch:
+    def with_mcp(self, launch: HarnessLaunch, servers: dict[str, McpServer | McpHttpServer]) -> HarnessLaunch:
         """`mcpServers` in its settings.json (trusted, so --yolo calls them), with its ToolSearch bridge off
         (`tools.toolSearch.enabled`): the servers' tools are declared in each request."""
         settings = json.loads(launch.files["/root/.qwen/settings.json"])
-        settings["mcpServers"] = {n: {"command": s.command, "args": list(s.args), "env": dict(s.env), "trust": True}
-                                  for n, s in servers.items()}
+        settings["mcpServers"] = {n: _qwen_mcp(s) for n, s in servers.items()}
         settings["tools"] = {**settings.get("tools", {}), "toolSearch": {"enabled": False}}
         return HarnessLaunch(launch.command, launch.env,
                              {**launch.files, "/root/.qwen/settings.json": json.dumps(settings)})

@@ -15,6 +15,8 @@ serves two Unix sockets from a host folder that is bound read-only into the sand
 - `egress.sock` (port `EGRESS_PORT`, given to the harness as HTTP(S)_PROXY): answers every proxy request
   (`CONNECT host:443`, `GET http://...`) with 403 and records what was asked: a harness that tries the
   internet is blocked (it has no route anyway) and the attempt is on the episode.
+- `mcp.sock` (port `MCP_PORT`, only when the episode was given host MCP servers): `mcp_route.McpRoute`, each
+  server by name and nothing else, every tool call recorded.
 """
 
 from __future__ import annotations
@@ -33,8 +35,9 @@ import aiohttp
 from aiohttp import web
 
 from rllm_core.context import AGENT_HEADER
+from rllm_harnesses.mcp_route import MCP_PORT, McpRoute
 
-__all__ = ["EGRESS_PORT", "INSIDE_DIR", "LLM_PORT", "HarnessRelay"]
+__all__ = ["EGRESS_PORT", "INSIDE_DIR", "LLM_PORT", "MCP_PORT", "HarnessRelay"]
 
 log = logging.getLogger("rllm.harness")
 
@@ -52,10 +55,12 @@ class HarnessRelay:
     """Serve one episode's `llm.sock` and `egress.sock` (module docstring) from a thread of its own."""
 
     def __init__(self, session_url: str, *, agent: str, side_model: str, max_turns: int,
-                 max_tokens: int | None = None) -> None:
+                 max_tokens: int | None = None, mcp: McpRoute | None = None) -> None:
         self.session_root = session_url.rstrip("/").removesuffix("/v1")
         self.agent, self.side_model, self.max_turns = agent, side_model, max_turns
         self.max_tokens = max_tokens
+        self.mcp = mcp
+        """The host MCP servers this sandbox may reach (None: no `mcp.sock`), and the tool calls made to them."""
         """The run's per-call completion budget: a harness asking for more (Claude Code asks 32k) is capped."""
         self.calls = 0
         self.side_calls = 0
@@ -95,8 +100,9 @@ class HarnessRelay:
 
     def inside_command(self) -> str:
         """The shell lines that start the pipes inside the sandbox and wait until the LLM port answers."""
+        mcp = f" {MCP_PORT}={INSIDE_DIR}/mcp.sock" if self.mcp is not None else ""
         return (f"/usr/bin/python3 {INSIDE_DIR}/inside_relay.py {LLM_PORT}={INSIDE_DIR}/llm.sock "
-                f"{EGRESS_PORT}={INSIDE_DIR}/egress.sock >/dev/null 2>&1 &\n"
+                f"{EGRESS_PORT}={INSIDE_DIR}/egress.sock{mcp} >/dev/null 2>&1 &\n"
                 f"for _ in $(seq 100); do (exec 3<>/dev/tcp/127.0.0.1/{LLM_PORT}) 2>/dev/null && break; "
                 "sleep 0.05; done\n")
 
@@ -116,20 +122,26 @@ class HarnessRelay:
                                      auto_decompress=False)
         app = web.Application(client_max_size=64 * 1024 * 1024)
         app.router.add_route("*", "/{tail:.*}", lambda request: self._forward(request, http))
-        runner = web.AppRunner(app, access_log=None)
-        await runner.setup()
+        runners = [web.AppRunner(app, access_log=None)]
+        sockets = {"llm.sock": runners[0]}
+        if self.mcp is not None:
+            runners.append(web.AppRunner(self.mcp.app(http), access_log=None))
+            sockets["mcp.sock"] = runners[1]
         egress = None
         try:
-            await web.UnixSite(runner, str(self.dir / "llm.sock")).start()
+            for name, runner in sockets.items():
+                await runner.setup()
+                await web.UnixSite(runner, str(self.dir / name)).start()
             egress = await asyncio.start_unix_server(self._refuse, str(self.dir / "egress.sock"))
-            for name in ("llm.sock", "egress.sock"):
+            for name in (*sockets, "egress.sock"):
                 os.chmod(self.dir / name, 0o777)
             self._ready.set()
             await self._stop.wait()
         finally:
             if egress is not None:
                 egress.close()
-            await runner.cleanup()
+            for runner in runners:
+                await runner.cleanup()
             await http.close()
 
     # ------------------------------------------------------------------ the LLM route

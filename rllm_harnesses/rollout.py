@@ -17,9 +17,10 @@ from collections.abc import Mapping
 from typing import Any
 
 from rllm_core.errors import ConfigError
-from rllm_core.harness import Harness, HarnessEndpoint, HarnessError, McpServer, get_harness
+from rllm_core.harness import Harness, HarnessEndpoint, HarnessError, McpHttpServer, McpServer, get_harness
 from rllm_core.sandbox import current_sandbox
 from rllm_core.types import Task
+from rllm_harnesses.mcp_route import MCP_PORT, McpRoute
 from rllm_harnesses.relay import INSIDE_DIR, LLM_PORT, HarnessRelay
 from rllm_rollout.rollout import Rollout, RolloutConfig, rollout
 
@@ -42,22 +43,34 @@ def _script(relay: HarnessRelay, files: dict[str, str], command: str) -> str:
     return "".join(lines)
 
 
-def _check_mcp(harness: Harness, servers: Mapping[str, McpServer]) -> None:
+AnyMcpServer = McpServer | McpHttpServer
+
+
+def _check_mcp(harness: Harness, servers: Mapping[str, AnyMcpServer]) -> None:
     if servers and getattr(harness, "with_mcp", None) is None:
         raise ConfigError(f"harness {harness.name!r} does not speak MCP here, so it cannot be given the MCP servers "
                           f"{sorted(servers)}; claude-code and qwen-code can")
 
 
-def _with_mcp(harness: Harness, launch: Any, servers: Mapping[str, McpServer]) -> Any:
+def _with_mcp(harness: Harness, launch: Any, servers: Mapping[str, AnyMcpServer]) -> tuple[Any, McpRoute | None]:
+    """The launch configured for `servers`, and the relay's route to the host (HTTP) ones: the program is told
+    each is on its own loopback (`127.0.0.1:MCP_PORT/<name>`), the route carries it to the host URL."""
     _check_mcp(harness, servers)
-    return harness.with_mcp(launch, dict(servers)) if servers else launch  # type: ignore[attr-defined]
+    if not servers:
+        return launch, None
+    remote = {n: s for n, s in servers.items() if isinstance(s, McpHttpServer)}
+    route = McpRoute({n: s.url for n, s in remote.items()}, {n: s.headers for n, s in remote.items()}) \
+        if remote else None
+    inside = {n: McpHttpServer(f"http://127.0.0.1:{MCP_PORT}/{n}") if n in remote else s for n, s in servers.items()}
+    return harness.with_mcp(launch, inside), route  # type: ignore[attr-defined]
 
 
 async def run_harness(harness: Harness, task: Task, config: RolloutConfig, *, max_turns: int = DEFAULT_MAX_TURNS,
-                      timeout_s: float | None = None, mcp_servers: Mapping[str, McpServer] | None = None
+                      timeout_s: float | None = None, mcp_servers: Mapping[str, AnyMcpServer] | None = None
                       ) -> dict[str, Any]:
     """Run `harness` on `task` in the current sandbox (module docstring); the result for the episode. With
-    `mcp_servers` (name -> stdio server), the program is configured to start them: in the sandbox, beside it."""
+    `mcp_servers` (name -> server), the program is configured to use them: a stdio `McpServer` it starts itself, in
+    the sandbox beside it; a host `McpHttpServer` through the relay, its tool calls on the episode's `tool_log`."""
     sandbox = current_sandbox()
     install = harness.installed()
     if install is None:
@@ -69,11 +82,11 @@ async def run_harness(harness: Harness, task: Task, config: RolloutConfig, *, ma
     budget = timeout_s if timeout_s is not None else float(task.metadata.get("agent_timeout_s") or _DEFAULT_TIMEOUT_S)
     endpoint = HarnessEndpoint(base_url=f"http://127.0.0.1:{LLM_PORT}/v1", model=config.model, side_model=SIDE_MODEL)
     max_turns = int(task.metadata.get("max_turns") or max_turns)  # `rllm eval --max-turns` sets it on the task
-    launch = _with_mcp(harness, harness.launch(task.instruction, endpoint, install, max_turns=max_turns),
-                       mcp_servers or {})
+    launch, route = _with_mcp(harness, harness.launch(task.instruction, endpoint, install, max_turns=max_turns),
+                              mcp_servers or {})
     cap = config.sampling.get("max_tokens")
     with HarnessRelay(config.base_url, agent=harness.name, side_model=SIDE_MODEL, max_turns=max_turns,
-                      max_tokens=int(cap) if isinstance(cap, int) else None) as relay:
+                      max_tokens=int(cap) if isinstance(cap, int) else None, mcp=route) as relay:
         mount_ro(install.home, install.mount)
         mount_ro(relay.dir, INSIDE_DIR)
         sandbox.address_space_mb = getattr(harness, "address_space_mb", None)  # type: ignore[attr-defined]
@@ -93,13 +106,14 @@ async def run_harness(harness: Harness, task: Task, config: RolloutConfig, *, ma
     if result.exit_code != 0 and not result.timed_out and summary["calls"] == 0:
         raise HarnessError(f"harness {harness.name} exited {result.exit_code} without calling the model; its "
                            f"output ends: {result.output[-600:].strip() or '(nothing)'}", result.output[-_TAIL:])
-    return {"answer": "", "harness": out}
+    return {"answer": "", "harness": out, **({"tool_log": list(route.records)} if route is not None else {})}
 
 
 def harness_rollout(name: str, *, max_turns: int = DEFAULT_MAX_TURNS, timeout_s: float | None = None,
-                    mcp_servers: Mapping[str, McpServer] | None = None) -> Rollout:
+                    mcp_servers: Mapping[str, AnyMcpServer] | None = None) -> Rollout:
     """The rollout (named `name`) that runs harness `name`; it is checked to exist now, installed at run time.
-    `mcp_servers`: the agent's own stdio MCP servers (name -> McpServer), started by the program in the sandbox."""
+    `mcp_servers`: name -> the agent's own stdio `McpServer` (started by the program in the sandbox) or a host
+    `McpHttpServer` (an environment's tools, reached through the relay)."""
     harness = get_harness(name)
     servers = dict(mcp_servers or {})
     _check_mcp(harness, servers)  # refused now, by name, not at the first episode

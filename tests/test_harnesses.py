@@ -17,10 +17,19 @@ from typing import Any
 
 import httpx
 import pytest
+from test_search import search_mcp_over_http, write_corpus
 
 import rllm
 from rllm_core.errors import ConfigError
-from rllm_core.harness import HarnessEndpoint, HarnessInstall, HarnessLaunch, McpServer, get_harness, get_harnesses
+from rllm_core.harness import (
+    HarnessEndpoint,
+    HarnessInstall,
+    HarnessLaunch,
+    McpHttpServer,
+    McpServer,
+    get_harness,
+    get_harnesses,
+)
 from rllm_envs.harbor.benchmark import HarborBenchmark
 from rllm_harnesses.relay import EGRESS_PORT, HarnessRelay
 from rllm_harnesses.rollout import harness_rollout, run_harness
@@ -265,6 +274,56 @@ def test_the_agents_own_mcp_server_runs_in_its_sandbox(name: str) -> None:
     assert verdict["reason"] == "correct" and verdict["reward"] == 1.0, (verdict, run["output_tail"])
     called = [t["function"]["name"] for s in episode.steps for t in s.tool_calls or []]
     assert called[0].endswith("code_word") and len(episode.steps) == 3
+
+
+MCP_HTTP_TASKS = Path(__file__).parent / "data" / "harness_mcp_http_tasks"
+
+
+def _search_responder(name: str) -> Any:
+    """Call the environment's `search` tool (found by its description: each program names MCP tools its own way),
+    write the top hit's title with the program's shell tool, finish."""
+    shell, arg = SHELL[name]
+
+    def respond(body: dict[str, Any]) -> Any:
+        if body.get("model") == "rllm-side":
+            return "Search"
+        done = sum(1 for m in body.get("messages") or [] if m.get("role") == "assistant")
+        if done == 0:
+            specs = [t.get("function", t) for t in body.get("tools") or []]
+            tool = next((t["name"] for t in specs if str(t.get("description", "")).startswith("Search the passages")),
+                        None)
+            return {"tool_call": {"name": tool, "arguments": {"query": "Kiss and Tell Corliss Archer", "k": 2}}} \
+                if tool else f"no search tool among {[t.get('name') for t in specs]}"
+        if done == 1:
+            found = re.search(r"\[d\d+\] ([^:\\]+):", json.dumps(body.get("messages")))
+            title = found.group(1) if found else "MISSING"
+            return {"tool_call": {"name": shell, "arguments": {arg: f"echo '{title}' > /app/answer.txt",
+                                                                "description": "Write the title"}}}
+        return "Done: the title is in /app/answer.txt."
+
+    return respond
+
+
+@pytest.mark.parametrize("name", ["claude-code", "qwen-code"])
+def test_an_environments_mcp_tools_on_the_host_reach_the_agent_in_its_sandbox(name: str, tmp_path: Path) -> None:
+    """`rllm retrieve mcp --transport http` runs on the host; the sandbox has no network, so the relay carries the
+    program's MCP requests to that server (and no other): the search result reaches the model, the verifier checks
+    the title the agent wrote, and the call is on the episode's tool_log as the server's own log has it."""
+    _installed(name)
+    corpus, log = write_corpus(tmp_path / "corpus.jsonl"), tmp_path / "server_tools.jsonl"
+    with search_mcp_over_http(corpus, tmp_path / "home", log) as url, \
+            start_fake_upstream(_search_responder(name)) as up:
+        bench = HarborBenchmark(MCP_HTTP_TASKS)
+        [task] = bench.load("test")
+        agent = harness_rollout(name, max_turns=6, mcp_servers={"search": McpHttpServer(url)})
+        episode = bench.wrap_rollout(agent, sandbox="local").run(task, base_url=up.base_url, model="policy")
+    verdict, run = episode.artifacts["harbor"], episode.artifacts["harness"]
+    assert verdict["reason"] == "correct" and verdict["reward"] == 1.0, (verdict, run["output_tail"])
+    [record] = episode.artifacts["tool_log"]
+    assert (record["name"], record["transport"], record["error"]) == ("search", "mcp", None)
+    assert record["arguments"] == {"query": "Kiss and Tell Corliss Archer", "k": 2} and record["result_chars"] > 50
+    [served] = [json.loads(line) for line in log.read_text().splitlines()]
+    assert served["result_chars"] == record["result_chars"]  # what the server returned is what the relay saw
 
 
 @pytest.mark.parametrize("name", ["codex", "mini-swe-agent"])

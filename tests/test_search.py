@@ -4,12 +4,20 @@ is a clear error and rebuilt on request), HotpotQA's splits and official answer 
 from __future__ import annotations
 
 import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import bm25s
 import pytest
 
 from rllm_core.errors import BenchmarkError
+from rllm_core.net import free_port
 from rllm_envs.search.answer_metrics import exact_match, f1_precision_recall, score_answer
 from rllm_envs.search.bm25_index import BM25Index, IndexUnreadable, index_dir, open_index
 from rllm_envs.search.corpus import Passage, hotpotqa_corpus, read_corpus
@@ -45,6 +53,30 @@ def write_corpus(path: Path) -> Path:
     path.write_text("".join(json.dumps({"id": f"d{i}", "title": t, "text": x}) + "\n"
                             for i, (t, x) in enumerate(CORPUS)))
     return path
+
+
+@contextmanager
+def search_mcp_over_http(corpus: Path, home: Path, tool_log: Path | None = None) -> Iterator[str]:
+    """`rllm retrieve mcp --transport http` on a free port, as a user starts it: its /mcp URL; always stopped."""
+    port = free_port("127.0.0.1")
+    command = [sys.executable, "-m", "rllm", "retrieve", "mcp", "--corpus", str(corpus), "--transport", "http",
+               "--port", str(port), *(["--tool-log", str(tool_log)] if tool_log else [])]
+    proc = subprocess.Popen(command, env={**os.environ, "RLLM_HOME": str(home)}, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        while True:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
+                break
+            except OSError:
+                assert proc.poll() is None, proc.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
+                assert time.monotonic() < deadline, "the MCP server did not listen within 60 s"
+                time.sleep(0.2)
+        yield f"http://127.0.0.1:{port}/mcp"
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 @pytest.fixture

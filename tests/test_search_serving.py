@@ -7,8 +7,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
-import subprocess
 import sys
 import threading
 import time
@@ -18,9 +16,8 @@ from typing import Any
 
 import httpx
 import pytest
-from test_search import CORPUS, QUERIES, write_corpus
+from test_search import CORPUS, QUERIES, search_mcp_over_http, write_corpus
 
-from rllm_core.net import free_port
 from rllm_envs.search.bm25_index import BM25Index, open_index
 from rllm_envs.search.corpus import Passage
 from rllm_envs.search.hotpotqa import HotpotQA
@@ -117,22 +114,8 @@ def test_the_tools_round_trip_over_mcp_and_every_call_is_recorded(tmp_path: Path
     if transport == "stdio":
         names, found, opened = _mcp_round_trip(StdioServerParameters(command=command[0], args=command[1:], env=env))
     else:
-        port = free_port("127.0.0.1")
-        proc = subprocess.Popen([*command, "--transport", "http", "--port", str(port)], env=env,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-        try:
-            deadline = time.monotonic() + 60
-            while time.monotonic() < deadline:
-                try:
-                    socket.create_connection(("127.0.0.1", port), timeout=0.5).close()
-                    break
-                except OSError:
-                    assert proc.poll() is None, proc.stderr.read().decode()[-2000:]  # type: ignore[union-attr]
-                    time.sleep(0.2)
-            names, found, opened = _mcp_round_trip(f"http://127.0.0.1:{port}/mcp")
-        finally:
-            proc.terminate()
-            proc.wait(10)
+        with search_mcp_over_http(corpus, tmp_path / "home", log) as url:
+            names, found, opened = _mcp_round_trip(url)
     assert names == ["open", "search"]
     assert found.startswith("[d1] Kiss and Tell (1945 film):") and opened.startswith("Shirley Temple\n")
     records = read_jsonl_records(log)
