@@ -57,6 +57,9 @@ class TrainConfig(BaseModel):
     # model + backend
     model: str = "smollm2-135m"
     """Model to train: 'smollm2-135m' (embedded), 'tiny-random', or a local Hugging Face model directory."""
+    init: str | None = None
+    """Start from these weights instead of --model's: a run of `rllm sft` or `rllm train` (RUN, RUN:step_N), a
+    checkpoint or a model directory; its tokenizer and chat template come with it."""
     backend: str = "local"
     """Training backend (see `rllm plugins`): 'local' trains in this process with torch."""
     backend_options: dict[str, Any] = Field(default_factory=dict)
@@ -84,7 +87,7 @@ class TrainConfig(BaseModel):
     """A policy per role, 'debater=lora:d,moderator=lora:m': each named role trains its own LoRA
     adapter on the frozen base model (rank --lora-rank, 16 if unset), served by name; other roles share one."""
     loss: str = "ppo"
-    """Policy loss: ppo | importance_sampling | gspo."""
+    """Policy loss: ppo | importance_sampling | gspo | sft (−A·logπ: `rllm sft`'s cross-entropy)."""
     agg: str = "token-mean"
     """Loss aggregation: token-mean | seq-mean-token-sum | seq-mean-token-mean | seq-mean-token-sum-norm."""
     clip_low: float = Field(0.2, ge=0)

@@ -20,6 +20,10 @@ def step_line(step: int, m: dict[str, Any]) -> str:
     """One finished train step, as a user reads it: reward, accuracy, what the update did, where time went."""
     if "skipped" in m:
         return f"step {step:>4}  [yellow]skipped[/yellow]: {m['skipped']}"
+    if "sft/epoch" in m:  # rllm sft: no rollouts, the loss is the assistant tokens' negative log-likelihood
+        return (f"step {step:>4}  epoch {m['sft/epoch']:.0f}  nll {m.get('train/pg_loss', 0):.4f}  "
+                f"gnorm {m.get('train/grad_norm', 0):.2f}  tokens {m.get('train/trained_tokens', 0):.0f}  "
+                f"{m.get('time/train_step_s', 0):.1f}s")
     phases = " ".join(f"{p} {m[f'time/{p}_s']:.1f}" for p in ("rollout", "train") if f"time/{p}_s" in m)
     # entropy and grad norm only where the backend measures them (Tinker's service reports neither): a 0.00
     # for a figure nobody computed reads as a dead update

@@ -41,7 +41,13 @@ from rllm_train.pipeline import RolloutPipeline, drop_stale, min_trained_version
 from rllm_train.roles import check_recorded_roles, weigh_advantages
 from rllm_train.rollouts import RolloutStage
 from rllm_train.rundir import RunDir
-from rllm_train.setup import apply_benchmark_defaults, per_role_options, resolve_benchmark, resolve_rollout
+from rllm_train.setup import (
+    apply_benchmark_defaults,
+    per_role_options,
+    resolve_benchmark,
+    resolve_init,
+    resolve_rollout,
+)
 
 __all__ = ["TrainResult", "atrain", "sample_tasks", "train", "validation_settings"]
 
@@ -264,6 +270,7 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
         from rllm_rollout.distributed import check_ray_address
 
         check_ray_address(config.ray_address)
+    config = resolve_init(config)  # a missing or empty run fails here, in one line
     benchmark = resolve_benchmark(config, benchmark)
     config, recommended = apply_benchmark_defaults(config, benchmark)
     console = console or Console()

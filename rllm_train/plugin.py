@@ -40,7 +40,7 @@ _PANELS: dict[str, tuple[str, ...]] = {
     "What to train on": ("agent", "harness", "workflow", "sandbox", "train_split", "val_split", "data_dir",
                          "max_train_examples"),
     "Reward": ("reward", "judge", "rubric"),
-    "Model and backend": ("model", "backend", "device", "n_gpus", "nnodes", "bf16", "gradient_checkpointing",
+    "Model and backend": ("model", "init", "backend", "device", "n_gpus", "nnodes", "bf16", "gradient_checkpointing",
                           "lora_rank", "lora_alpha"),
     "Algorithm": ("algo", "role_weights", "roles", "loss", "agg", "clip_low", "clip_high", "clip_c", "kl_coef",
                   "kl_type", "rejection", "recompute_old_logprobs"),

@@ -14,9 +14,30 @@ from rllm_train.config import TrainConfig, load_config
 from rllm_train.roles import check_role_names
 
 __all__ = ["apply_benchmark_defaults", "check_declared_roles", "load_agent", "per_role_options", "resolve_benchmark",
-           "resolve_rollout"]
+           "resolve_init", "resolve_rollout"]
 
 log = logging.getLogger("rllm.train")
+
+
+def resolve_init(config: TrainConfig) -> TrainConfig:
+    """With `--init`, the config whose `model` is the directory the weights load from (the run's newest
+    checkpoint, or the step named): what the backend loads and config.yaml records; `init` keeps what was given."""
+    if not config.init:
+        return config
+    if config.backend == "tinker":
+        raise ConfigError(f"--init {config.init} loads weights from this machine, but the tinker backend trains a "
+                          "model Tinker hosts: start from a Tinker checkpoint with --model, or drop --init")
+    from pathlib import Path
+
+    from rllm_serve.run_model import resolve_checkpoint
+
+    ckpt = resolve_checkpoint(config.init)
+    if ckpt is None:
+        ckpt = Path(config.init).expanduser()
+        if not (ckpt / "config.json").is_file():
+            raise ConfigError(f"--init {config.init}: not a run of rllm sft / rllm train, a checkpoint or a model "
+                              "directory (config.json); give one of those, or use --model for a model name")
+    return config.model_copy(update={"model": str(ckpt)})
 
 
 def resolve_benchmark(config: TrainConfig, benchmark: Any = None) -> Any:

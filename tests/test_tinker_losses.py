@@ -143,6 +143,21 @@ def test_builtin_importance_sampling_on_scaled_advantages_is_our_loss(agg: str, 
 
 
 @pytest.mark.parametrize("agg", AGGS)
+def test_builtin_cross_entropy_on_scaled_weights_is_our_sft_loss(agg: str) -> None:
+    """--loss sft runs as Tinker's cross_entropy (−Σ w·logπ as its docs state it), the advantages as weights."""
+    rows = _rows(4)
+    plan = plan_loss(TrainConfig(loss="sft", agg=agg, max_tokens=MAX_TOKENS), {})
+    assert (plan.kind, plan.loss_fn, plan.loss_fn_config) == ("builtin", "cross_entropy", None)
+    datums = rows_to_datums(rows, plan.scales(rows), plan.loss_fn)
+    assert all(set(d.loss_fn_inputs) == {"target_tokens", "weights"} for d in datums)
+    new = _new_logprobs(rows, 14)
+    theirs = -sum((d.loss_fn_inputs["weights"].to_torch().double() * x).sum() for d, x in zip(datums, new, strict=True))
+    ours, _ = _ours("sft", _local(rows, new), agg)
+    assert abs(_f(theirs) - _f(ours)) < TOL
+    _assert_same(_grads(theirs, new), _grads(ours, new))
+
+
+@pytest.mark.parametrize("agg", AGGS)
 def test_builtin_ppo_on_scaled_advantages_is_our_ppo_without_dual_clip(agg: str) -> None:
     """Tinker's ppo (loss_fn: ppo) = our ppo with the dual clip out of reach (clip_c → ∞): the scaling is exact
     for the clipped objective too, and the thresholds are 1 − clip_low, 1 + clip_high."""
@@ -198,7 +213,7 @@ def test_custom_loss_is_our_loss_on_the_local_trainers_tensors(loss: str, agg: s
     rows = _rows(6)
     cfg = TrainConfig(loss=loss, agg=agg, clip_high=0.28, kl_coef=kl_coef, max_tokens=MAX_TOKENS)
     plan = plan_loss(cfg, {})
-    assert plan.kind == "custom" or (loss == "importance_sampling" and kl_coef == 0)
+    assert plan.kind == "custom" or (loss in ("importance_sampling", "sft") and kl_coef == 0)
     assert plan.needs_ref_logprobs == (kl_coef > 0)
     g = torch.Generator().manual_seed(7)
     # as SamplingClient.compute_logprobs returns them: token-aligned, None at position 0

@@ -58,9 +58,10 @@ def _check_row(row: TrainRow, index: int) -> None:
                                 "rewards for NaN/inf")
 
 
-def row_to_datum(row: TrainRow, scale: float = 1.0, *, index: int = 0) -> types.Datum:
+def row_to_datum(row: TrainRow, scale: float = 1.0, *, index: int = 0, loss_fn: str = "") -> types.Datum:
     """One row as a Datum (see the module docstring); raises TrainingError for a row under 2 tokens or with a
-    non-finite logprob / advantage on a trained token."""
+    non-finite logprob / advantage on a trained token. For Tinker's `cross_entropy` (`--loss sft`) the scaled
+    advantages are its `weights` and no logprobs are sent."""
     from tinker import types
 
     if not (math.isfinite(scale) and scale >= 0):
@@ -70,6 +71,9 @@ def row_to_datum(row: TrainRow, scale: float = 1.0, *, index: int = 0) -> types.
     mask = row.loss_mask[1:]
     logprobs = [float(lp) if m else 0.0 for lp, m in zip(olds[1:], mask, strict=True)]
     advantages = [float(a) * scale if m else 0.0 for a, m in zip(row.advantages[1:], mask, strict=True)]
+    if loss_fn == "cross_entropy":
+        return types.Datum(model_input=types.ModelInput.from_ints([int(t) for t in row.tokens[:-1]]),
+                           loss_fn_inputs={"target_tokens": [int(t) for t in row.tokens[1:]], "weights": advantages})
     return types.Datum(
         model_input=types.ModelInput.from_ints([int(t) for t in row.tokens[:-1]]),
         loss_fn_inputs={"target_tokens": [int(t) for t in row.tokens[1:]], "logprobs": logprobs,
@@ -77,8 +81,11 @@ def row_to_datum(row: TrainRow, scale: float = 1.0, *, index: int = 0) -> types.
     )
 
 
-def rows_to_datums(rows: Sequence[TrainRow], scales: Sequence[float] | None = None) -> list[types.Datum]:
-    """Datums for `rows`, row i's advantages multiplied by `scales[i]` (1.0 when `scales` is None)."""
+def rows_to_datums(rows: Sequence[TrainRow], scales: Sequence[float] | None = None, loss_fn: str = ""
+                   ) -> list[types.Datum]:
+    """Datums for `rows` (for the built-in `loss_fn`), row i's advantages multiplied by `scales[i]` (1.0 when
+    `scales` is None)."""
     if scales is not None and len(scales) != len(rows):
         raise TrainingError(f"{len(scales)} advantage scales for {len(rows)} train rows; give one per row")
-    return [row_to_datum(row, 1.0 if scales is None else float(scales[i]), index=i) for i, row in enumerate(rows)]
+    return [row_to_datum(row, 1.0 if scales is None else float(scales[i]), index=i, loss_fn=loss_fn)
+            for i, row in enumerate(rows)]

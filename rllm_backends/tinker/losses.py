@@ -167,6 +167,9 @@ def plan_loss(config: TrainConfig, options: Mapping[str, Any] | None = None) -> 
     if name is None:
         if "loss_fn_config" in options:
             raise ConfigError("backend option loss_fn_config is only used with loss_fn (a Tinker built-in loss)")
+        if config.loss == "sft" and config.kl_coef == 0:  # −Σ w·logπ with w = A·scale on trained tokens
+            return LossPlan("builtin", "cross_entropy", None, description="ours = Tinker's cross_entropy (−w·logπ, "
+                            "weights = advantages), agg by weight scales", **common)
         if config.loss == "importance_sampling" and config.kl_coef == 0:
             return LossPlan("builtin", "importance_sampling", None, needs_old_logprobs=config.recompute_old_logprobs,
                             description="ours = Tinker's importance_sampling (−A·ρ), agg by advantage scales",
@@ -303,7 +306,8 @@ def builtin_metrics(rows: Sequence[TrainRow], output: types.ForwardBackwardOutpu
         return custom_metrics(rows, output)
     loss = float(output.metrics.get("loss:sum", math.nan))
     metrics: dict[str, float] = {"loss": loss, "pg_loss": loss}
-    if len(output.loss_fn_outputs) == len(rows) and all("logprobs" in o for o in output.loss_fn_outputs):
+    sft = plan is not None and plan.loss_fn == "cross_entropy"  # no ratio: nothing to compare the logprobs with
+    if not sft and len(output.loss_fn_outputs) == len(rows) and all("logprobs" in o for o in output.loss_fn_outputs):
         cfg = (plan.loss_fn_config if plan is not None else None) or {}
         name = plan.loss_fn if plan is not None else "importance_sampling"
         default_lo, default_hi = (0.0, 4.0) if name == "cispo" else (0.8, 1.2)

@@ -99,7 +99,7 @@ class StepUpdate:
 
         self.session, self.rows, self.plan = session, rows, session.plan
         scales = self.plan.scales(rows) if self.plan.kind == "builtin" else None
-        self.datums = rows_to_datums(rows, scales)
+        self.datums = rows_to_datums(rows, scales, self.plan.loss_fn if self.plan.kind == "builtin" else "")
         self.loss_fn: Any = None
         self.futures: tuple[Any, Any, Any] | None = None
         self.failed_op = ""

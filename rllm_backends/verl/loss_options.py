@@ -93,6 +93,9 @@ def _refuse(option: str, value: object, why: str) -> ConfigError:
 def verl_actor_overrides(config: TrainConfig) -> dict[str, Any]:
     """verl overrides (dotted keys from the root of verl's ppo_trainer config; see the module docstring)
     that make verl train with `config`'s loss, aggregation, KL, batch shape and optimiser."""
+    if config.loss == "sft":
+        raise _refuse("loss", config.loss, "rllm sft is not wired to verl's SFT trainer yet; run it on the local "
+                      "or tinker backend, then train with --backend verl --init RUN")
     if config.loss not in _LOSS_MODES:
         raise _refuse("loss", config.loss, "verl 0.9 has no plain importance-sampling loss (−A·ρ); its gpg and "
                       "bypass_mode/reinforce losses differ in value and weighting; use --loss ppo or gspo")

@@ -12,6 +12,9 @@ grad), `old_logprobs_BT` those the tokens were sampled with, `mask_BT` 1 on trai
   exp(logπ − sg(logπ) + sg(log s_i)), then the PPO clip with ε_low/ε_high, aggregated by the `agg` you pass
   (as verl 0.9.1 does). We clamp each token's log-ratio at ±20 before the mean; verl does not (it matters only
   past |log-ratio| > 20).
+- ``sft``: L = −A·logπ, the cross-entropy of the row's tokens weighted by A (`rllm sft` gives its rows A = 1 on
+  the assistant tokens: the negative log-likelihood; Tinker's built-in cross_entropy with A as its weights). No
+  ratio, no clip: what the tokens were sampled with does not matter.
 
 Aggregation (`agg`), with M the mask:
 - ``token-mean``            Σ L·M / Σ M                                   (verl default; DAPO)
@@ -134,7 +137,9 @@ def policy_loss_with_metrics(
         ratio_BT = torch.exp(log_ratio_BT)
 
     loss1_BT = -adv_BT * ratio_BT
-    if name == "importance_sampling":
+    if name == "sft":
+        loss_BT, clip_frac = -adv_BT * logprobs, zero
+    elif name == "importance_sampling":
         loss_BT, clip_frac = loss1_BT, zero
     else:
         loss2_BT = -adv_BT * torch.clamp(ratio_BT, 1.0 - clip_low, 1.0 + clip_high)

@@ -9,7 +9,7 @@ __all__ = ["AGG_MODES", "ESTIMATORS", "GROUP_ESTIMATORS", "LOSSES", "REJECTION_M
 
 ESTIMATORS = ("grpo", "dr_grpo", "rloo", "reinforce", "reinforce_plus_plus_baseline")
 GROUP_ESTIMATORS = frozenset({"grpo", "dr_grpo", "rloo", "reinforce_plus_plus_baseline"})
-LOSSES = ("ppo", "importance_sampling", "gspo")
+LOSSES = ("ppo", "importance_sampling", "gspo", "sft")
 AGG_MODES = ("token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-token-sum-norm")
 REJECTION_MODES = ("none", "episode", "group")
 
