@@ -100,6 +100,14 @@ class TrainConfig(BaseModel):
     """Weight of a KL-to-the-starting-policy loss term (0: off)."""
     kl_type: Literal["k1", "k3"] = "k3"
     """KL estimator: k1 (log ratio) or k3 (low-variance, non-negative)."""
+    teacher: str | None = None
+    """On-policy distillation: this teacher scores the student's sampled tokens and the per-token reverse KL
+    joins the advantage. A model here (name, directory, run) or a server answering vLLM's prompt_logprobs
+    (MODEL@URL or URL; key in $RLLM_TEACHER_API_KEY)."""
+    teacher_coef: float = Field(1.0, ge=0)
+    """Weight of the teacher's term: A = task_coef·A_task + teacher_coef·(logπ_teacher − logπ_student)."""
+    task_coef: float = Field(1.0, ge=0)
+    """Weight of the task reward's advantage under --teacher (0: pure distillation)."""
     rejection: str = "none"
     """Rejection sampling: none | group (drop groups with all-equal rewards) | episode (per task)."""
     max_staleness: int = Field(0, ge=0)

@@ -35,6 +35,7 @@ from rllm_train.backend import Backend, check_capabilities, create_backend, reso
 from rllm_train.checkpoints import clean_partial_checkpoints, latest_checkpoint, read_state, save_checkpoint
 from rllm_train.config import TrainConfig, load_config
 from rllm_train.display import TrainDisplay
+from rllm_train.distill import Teacher, make_teacher, score_and_distill
 from rllm_train.metrics import PhaseTimer, episode_metrics
 from rllm_train.packing import pack_groups
 from rllm_train.pipeline import RolloutPipeline, drop_stale, min_trained_version
@@ -91,6 +92,8 @@ class _Stages:
     train_tasks: Sequence[Task]
     val_tasks: list[Task]
     pipeline: RolloutPipeline
+    teacher: Teacher | None = None
+    """--teacher: scores each step's rows; its reverse KL joins the advantages (distill.py)."""
     trainer_version: int = 0
     """The policy version the trainer holds (what staleness is measured against)."""
     updated_unsaved: bool = False
@@ -127,6 +130,12 @@ class _Stages:
                 min_version=min_trained_version(self.trainer_version, config.max_staleness, config.stale_rows))
             metrics.update(pack_metrics)
             _warn_if_turns_split(pack_metrics)
+            if self.teacher is not None and rows:
+                with timer("teacher"):  # never through the gateway: no Steps, recorded apart (teacher.jsonl)
+                    rows, distill_metrics = await asyncio.to_thread(
+                        score_and_distill, self.teacher, rows, config.teacher_coef, config.task_coef)
+                metrics.update(distill_metrics)
+                self.run.log_teacher(step, {"teacher": self.teacher.name, **distill_metrics})
             if not any(r.num_trained_tokens for r in rows):
                 metrics["skipped"] = _skip_reason(episodes, groups, rows)
                 log.info("step %d skipped: %s", step, metrics["skipped"])  # the display prints it once
@@ -308,6 +317,7 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
         # a spinner (terminals only) for the seconds before the bar: loading weights, starting the server
         with console.status(f"loading {config.model} and starting its policy server…"):
             backend.setup(config)
+            teacher = make_teacher(config.teacher, config.device) if config.teacher else None
             start = 0
             if resume:
                 start, result.last_checkpoint = _resume(run, backend)
@@ -317,7 +327,7 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
             return await stage.run(tasks, attempts=config.group_size)
 
         pipeline = RolloutPipeline(step_rollouts, config.max_staleness, config.max_steps)
-        stages = _Stages(config, stage, backend, run, train_tasks, val_tasks, pipeline,
+        stages = _Stages(config, stage, backend, run, train_tasks, val_tasks, pipeline, teacher,
                          trainer_version=backend.policy_endpoint().policy_version)
         with TrainDisplay(console, config.max_steps, start, bar=progress, echo=run.echo) as display:
             if start == 0 and val_tasks:
@@ -358,6 +368,8 @@ async def atrain(config: TrainConfig, *, backend: Backend | None = None, benchma
     finally:
         if stages is not None:  # episodes started for steps that will not train: cancelled, never written
             await stages.pipeline.close()
+            if stages.teacher is not None:
+                stages.teacher.close()
         try:
             backend.shutdown()  # before the stage: a backend's actors live on the Ray the stage may own
             stack.close()

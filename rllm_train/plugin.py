@@ -44,6 +44,7 @@ _PANELS: dict[str, tuple[str, ...]] = {
                           "lora_rank", "lora_alpha"),
     "Algorithm": ("algo", "role_weights", "roles", "loss", "agg", "clip_low", "clip_high", "clip_c", "kl_coef",
                   "kl_type", "rejection", "recompute_old_logprobs"),
+    "Distillation": ("teacher", "teacher_coef", "task_coef"),
     "Asynchronous and off-policy": ("max_staleness", "stale_rows", "rollout_is", "rollout_is_threshold"),
     "Batch and sampling": ("group_size", "batch_size", "micro_batch_size", "max_seq_len", "overlong", "temperature",
                            "top_p", "max_tokens", "concurrency", "episode_timeout_s"),

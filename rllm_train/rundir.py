@@ -42,6 +42,11 @@ class RunDir(RunWriter):
         if self.loggers is not None:
             self.loggers.log(kind, step, metrics)
 
+    def log_teacher(self, step: int, record: dict[str, Any]) -> None:
+        """teacher.jsonl: the distillation teacher's calls of each step, apart from the trained Steps."""
+        with open(self.path / "teacher.jsonl", "a", encoding="utf-8") as f:
+            f.write(json.dumps({"step": step, **record}) + "\n")
+
     def holds_run(self) -> bool:
         """True when a run already wrote here (metrics or checkpoints): a fresh run must not mix into it."""
         return self.metrics_file.exists() or any(self.checkpoints_dir.glob("step_*"))
