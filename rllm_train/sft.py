@@ -34,7 +34,7 @@ from rllm_train.config import TrainConfig
 from rllm_train.display import TrainDisplay
 from rllm_train.packing import OverlongRule, TrainRow
 from rllm_train.rundir import RunDir
-from rllm_train.sft_data import EpisodeFilter, sft_rows_from_chat, sft_rows_from_episodes
+from rllm_train.sft_data import EpisodeFilter, eos_ids, sft_rows_from_chat, sft_rows_from_episodes
 
 __all__ = ["SftConfig", "SftResult", "load_sft_rows", "sft", "sft_batches"]
 
@@ -124,25 +124,25 @@ def _tokenizer(model: str) -> Any:
     return load_tokenizer(str(ckpt) if ckpt is not None else model)
 
 
-def _end_of_turn_ids(tokenizer: Any) -> frozenset[int]:
-    """The tokenizer's eos: where the policy server stops a turn (an instruct model's eos is its end of turn)."""
-    return frozenset({tokenizer.eos_token_id} if isinstance(tokenizer.eos_token_id, int) else set())
-
-
 def load_sft_rows(config: SftConfig) -> tuple[list[TrainRow], dict[str, float]]:
     """Every source's rows, and the counts of what was read, kept and skipped (summed over sources)."""
     rows: list[TrainRow] = []
     counts: dict[str, float] = {}
-    tokenizer = None
+    loaded: list[Any] = []
+
+    def tokenizer() -> Any:  # loaded once, and only for data that needs rendering
+        if not loaded:
+            loaded.append(_tokenizer(config.model))
+        return loaded[0]
+
     for spec in config.data:
         source = Path(spec).expanduser()
         if _is_chat_file(source):
-            tokenizer = tokenizer or _tokenizer(config.model)
-            got, seen = sft_rows_from_chat(source, tokenizer, end_of_turn_ids=_end_of_turn_ids(tokenizer),
+            got, seen = sft_rows_from_chat(source, tokenizer(), end_of_turn_ids=eos_ids(tokenizer()),
                                            max_seq_len=config.max_seq_len, overlong=config.overlong)
         else:
             got, seen = sft_rows_from_episodes(source, config.keep, max_seq_len=config.max_seq_len,
-                                               overlong=config.overlong)
+                                               overlong=config.overlong, tokenizer=tokenizer)
         rows += got
         for key, value in seen.items():
             counts[key] = counts.get(key, 0.0) + value

@@ -4,6 +4,8 @@
   `EpisodeFilter` (reward, reason, benchmark, role, a Python predicate): their Steps already hold the exact ids the
   policy saw and sampled, so a multi-turn trajectory is one row with its observations (tool results, user turns)
   masked, as in RL. Curating an eval run this way is rLLM's eval → curate → SFT.
+  Calls captured without token ids (a reference-solution oracle's, an API model's) are rendered from their own
+  messages and reply, as the chat data below.
 - **Chat JSONL**, one `{"messages": [...], "tools": [...]}` per line (OpenAI chat format; `tools` optional): each
   assistant message becomes a Step whose prompt is the conversation before it rendered with the model's chat
   template and a generation prompt (as the policy server renders a request; tools a template cannot show go into
@@ -28,7 +30,8 @@ from rllm_core.errors import ConfigError
 from rllm_core.types import Episode, Step, Trajectory
 from rllm_train.packing import OverlongRule, TrainRow, pack_trajectory
 
-__all__ = ["EpisodeFilter", "chat_trajectory", "episode_files", "sft_rows_from_chat", "sft_rows_from_episodes"]
+__all__ = ["EpisodeFilter", "chat_trajectory", "eos_ids", "episode_files", "rendered_trajectory", "sft_rows_from_chat",
+           "sft_rows_from_episodes"]
 
 Counts = dict[str, float]
 
@@ -112,8 +115,10 @@ def _sft_rows(trajectory: Trajectory, group: str, max_seq_len: int | None, overl
 
 
 def sft_rows_from_episodes(source: Path, keep: EpisodeFilter, *, max_seq_len: int | None = None,
-                           overlong: OverlongRule = "truncate") -> tuple[list[TrainRow], Counts]:
-    """Rows of the kept episodes' trajectories (module docstring) and counts of what was read, kept and skipped."""
+                           overlong: OverlongRule = "truncate", tokenizer: Callable[[], Any] | None = None,
+                           end_of_turn_ids: frozenset[int] = frozenset()) -> tuple[list[TrainRow], Counts]:
+    """Rows of the kept episodes' trajectories (module docstring) and counts of what was read, kept and skipped.
+    Calls captured without token ids are rendered from their messages with `tokenizer()` (`rendered_trajectory`)."""
     predicate = keep.predicate()
     counts: Counts = {"episodes_read": 0.0, "episodes_kept": 0.0}
     rows: list[TrainRow] = []
@@ -131,6 +136,9 @@ def sft_rows_from_episodes(source: Path, keep: EpisodeFilter, *, max_seq_len: in
             for trajectory in episode.trajectories:
                 if keep.roles and trajectory.name not in keep.roles:
                     continue
+                if tokenizer is not None and any(not s.trainable and s.messages for s in trajectory.steps):
+                    tok = tokenizer()
+                    trajectory = rendered_trajectory(trajectory, tok, end_of_turn_ids or eos_ids(tok))
                 rows += _sft_rows(trajectory, episode.id, max_seq_len, overlong, counts)
     return rows, counts
 
@@ -139,41 +147,80 @@ class ChatTemplateMismatch(ConfigError):
     """The chat template renders a conversation so that an earlier turn changes when a later one is added."""
 
 
-def chat_trajectory(messages: list[dict[str, Any]], tokenizer: Any, *, tools: list[dict[str, Any]] | None = None,
-                    end_of_turn_ids: frozenset[int] = frozenset(), name: str = "sft") -> Trajectory:
-    """One Step per assistant message of `messages` (module docstring); logprobs 0 (no sampler: `--loss sft`
-    does not use them)."""
+def eos_ids(tokenizer: Any) -> frozenset[int]:
+    """The tokenizer's eos: where the policy server stops a turn (an instruct model's eos is its end of turn)."""
+    return frozenset({tokenizer.eos_token_id} if isinstance(tokenizer.eos_token_id, int) else set())
+
+
+def _renderer(tokenizer: Any, tools: list[dict[str, Any]] | None) -> tuple[Any, Callable[..., list[int]]]:
+    """(a function making messages renderable, render(messages, generation_prompt) -> ids) as the policy server
+    renders a request: tools through the template when it shows them, else in the Hermes convention."""
     from rllm_serve.tool_prompt import content_text, tools_in_messages
 
-    template = str(getattr(tokenizer, "chat_template", None) or "")
     kwargs: dict[str, Any] = {}
-    if tools and "tools" in template:
+    shown = bool(tools) and "tools" in str(getattr(tokenizer, "chat_template", None) or "")
+    if shown:
         kwargs["tools"] = tools
-    elif tools:
-        messages = tools_in_messages(messages, tools)
-    plain = [{**m, "content": content_text(m.get("content"))} for m in messages]
+
+    def prepare(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        if tools and not shown:
+            messages = tools_in_messages(messages, tools)
+        return [{**m, "content": content_text(m.get("content"))} for m in messages]
 
     def render(msgs: list[dict[str, Any]], generation_prompt: bool) -> list[int]:
         text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation_prompt, **kwargs)
         return list(tokenizer.encode(text, add_special_tokens=False))
 
+    return prepare, render
+
+
+def _chat_step(render: Callable[..., list[int]], before: list[dict[str, Any]], upto: list[dict[str, Any]],
+               end_of_turn_ids: frozenset[int], where: str) -> Step | None:
+    """The Step of the last assistant message of `upto` (rendered messages), `before` being those before it."""
+    prompt, full = render(before, True), render(upto, False)
+    if full[: len(prompt)] != prompt:
+        raise ChatTemplateMismatch(f"the chat template renders {where} so that the text before it changes (it "
+                                   "rewrites earlier turns): its tokens cannot be cut out exactly")
+    completion = full[len(prompt):]
+    ends = [k for k, t in enumerate(completion) if t in end_of_turn_ids]
+    if ends:  # the template's newline after the end-of-turn token is the next prompt's, not a sampled token
+        completion = completion[: ends[0] + 1]
+    if not completion:
+        return None
+    return Step(prompt_token_ids=prompt, completion_token_ids=completion, logprobs=[0.0] * len(completion),
+                token_source="retokenized", text=str(upto[-1].get("content") or ""))
+
+
+def chat_trajectory(messages: list[dict[str, Any]], tokenizer: Any, *, tools: list[dict[str, Any]] | None = None,
+                    end_of_turn_ids: frozenset[int] = frozenset(), name: str = "sft") -> Trajectory:
+    """One Step per assistant message of `messages` (module docstring); logprobs 0 (no sampler: `--loss sft`
+    does not use them)."""
+    prepare, render = _renderer(tokenizer, tools)
+    plain = prepare(messages)
+    steps = [_chat_step(render, plain[:i], plain[: i + 1], end_of_turn_ids, f"assistant message {i}")
+             for i, m in enumerate(plain) if m.get("role") == "assistant"]
+    return Trajectory(name=name, steps=[s for s in steps if s is not None])
+
+
+def rendered_trajectory(trajectory: Trajectory, tokenizer: Any, end_of_turn_ids: frozenset[int]) -> Trajectory:
+    """A captured trajectory without token ids (an upstream that returned none: a reference-solution oracle, an
+    API model) as Steps rendered from each call's own messages and reply, exactly as the policy server would render
+    that request; one Step per call, so consecutive calls merge into one row where the history only grows."""
     steps = []
-    for i, message in enumerate(plain):
-        if message.get("role") != "assistant":
+    for k, step in enumerate(trajectory.steps):
+        if step.trainable or step.messages is None or step.error is not None:
+            steps.append(step)
             continue
-        prompt, full = render(plain[:i], True), render(plain[: i + 1], False)
-        if full[: len(prompt)] != prompt:
-            raise ChatTemplateMismatch(f"the chat template renders assistant message {i} so that the text before it "
-                                       "changes (it rewrites earlier turns): its tokens cannot be cut out exactly")
-        completion = full[len(prompt):]
-        ends = [k for k, t in enumerate(completion) if t in end_of_turn_ids]
-        if ends:  # the template's newline after the end-of-turn token is the next prompt's, not a sampled token
-            completion = completion[: ends[0] + 1]
-        if completion:
-            steps.append(Step(prompt_token_ids=prompt, completion_token_ids=completion,
-                              logprobs=[0.0] * len(completion), token_source="retokenized",
-                              text=str(message.get("content") or "")))
-    return Trajectory(name=name, steps=steps)
+        reply: dict[str, Any] = {"role": "assistant", "content": step.text or ""}
+        if step.tool_calls:
+            reply["tool_calls"] = step.tool_calls
+        tools = step.params.get("tools") if isinstance(step.params.get("tools"), list) else None
+        prepare, render = _renderer(tokenizer, tools)
+        full = prepare([*step.messages, reply])
+        made = _chat_step(render, full[:-1], full, end_of_turn_ids, f"call {k} of trajectory {trajectory.name!r}")
+        if made is not None:
+            steps.append(made)
+    return trajectory.model_copy(update={"steps": steps})
 
 
 def sft_rows_from_chat(path: Path, tokenizer: Any, *, end_of_turn_ids: frozenset[int] = frozenset(),

@@ -21,9 +21,11 @@ def rllm_register_benchmarks() -> list[Any]:
 @hookimpl
 def rllm_register_commands(app: typer.Typer) -> None:
     from rllm_envs.benchmarks.cli import bench_app
+    from rllm_envs.demos.cli import demos_command
     from rllm_envs.eval.cli import eval_command
     from rllm_envs.eval.model_config import model_app
 
     app.add_typer(bench_app, name="bench")
     app.command("eval")(eval_command)
+    app.command("demos")(demos_command)
     app.add_typer(model_app, name="model")

@@ -1,0 +1,107 @@
+"""Oracles: what a benchmark's reference solution answers to each call its agent makes.
+
+An oracle is `reply(messages, tools) -> message` (an assistant message: `content`, or `tool_calls`): it reads the
+conversation the agent sent, as a model would, and answers with the reference's next action. The agent stays
+unchanged and its environment executes the actions, so the recorded episode is a trajectory the agent could have
+produced, scored by the benchmark's own grader; `rllm sft --min-reward 1` then trains on the ones that passed.
+
+- **FrozenLake** (`frozenlake*`): the shortest safe path from the position marked P in the latest map (BFS),
+  answered as the move word.
+- **Harbor task sets** (`terminal`, `harbor:PATH`): the task's `solution/solve.sh`, found by the task instruction
+  in the conversation, run as one `bash` tool call (or a fenced block when the agent offers no tools: its text
+  format), then a reply without a command, which ends the terminal agent's episode.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rllm_core.errors import ConfigError
+from rllm_core.types import Task
+from rllm_envs.benchmarks.frozenlake import ACTIONS, FrozenLake, solve
+
+__all__ = ["Oracle", "frozenlake_oracle", "harbor_oracle", "oracle_for"]
+
+Oracle = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], dict[str, Any]]
+
+_GRID = re.compile(r"^[SFHGP]+$")
+
+
+def _text(message: dict[str, Any]) -> str:
+    content = message.get("content")
+    if isinstance(content, list):
+        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
+    return str(content or "")
+
+
+def latest_map(messages: list[dict[str, Any]]) -> list[str] | None:
+    """The last block of map lines (S F H G P only, equal widths) in the conversation, with P in it."""
+    for message in reversed(messages):
+        lines = [line.strip() for line in _text(message).splitlines()]
+        blocks: list[list[str]] = [[]]
+        for line in lines:
+            if line and _GRID.match(line):
+                blocks[-1].append(line)
+            elif blocks[-1]:
+                blocks.append([])
+        for block in reversed([b for b in blocks if b]):
+            if any("P" in row for row in block) and len({len(row) for row in block}) == 1:
+                return block
+    return None
+
+
+def frozenlake_oracle(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+    """The first move of a shortest safe path from P (module docstring)."""
+    grid = latest_map(messages)
+    if grid is None:
+        return {"content": "LEFT"}  # no map to read: the agent asked something else; any legal move
+    desc = [row.replace("S", "F").replace("P", "S") for row in grid]
+    if not any("G" in row for row in desc):  # the player stands on the goal: nothing left to do
+        return {"content": "DOWN"}
+    path = solve(desc)
+    return {"content": ACTIONS[path[0]] if path else "LEFT"}
+
+
+def harbor_oracle(tasks: Sequence[Task]) -> Oracle:
+    """solve.sh of the task whose instruction the conversation holds (module docstring)."""
+    scripts: list[tuple[str, str]] = []
+    for task in tasks:
+        solve_sh = Path(str(task.metadata.get("harbor_dir", ""))) / "solution" / "solve.sh"
+        if solve_sh.is_file():
+            body = "\n".join(line for line in solve_sh.read_text().splitlines() if not line.startswith("#!"))
+            scripts.append((str(task.instruction).strip(), body.strip()))
+    if not scripts:
+        raise ConfigError("no task of this set has a solution/solve.sh: there is no reference to demonstrate")
+
+    def reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+        asked = "\n".join(_text(m) for m in messages if m.get("role") in ("user", "system"))
+        script = next((body for instruction, body in scripts if instruction and instruction in asked), None)
+        if script is None:
+            return {"content": "I cannot tell which task this is."}
+        acted = any(m.get("role") == "assistant" for m in messages)
+        if acted:  # the script ran (its output is the last message): finish
+            return {"content": "The task is done." if tools else "DONE"}
+        if tools:
+            call = {"id": "call_solution", "type": "function",
+                    "function": {"name": "bash", "arguments": json.dumps({"command": script})}}
+            return {"content": "", "tool_calls": [call]}
+        return {"content": f"```bash\n{script}\n```"}
+
+    return reply
+
+
+def oracle_for(benchmark: Any, tasks: Sequence[Task]) -> Oracle:
+    """The oracle of `benchmark` (FrozenLake, a Harbor task set), or a ConfigError naming what has one."""
+    from rllm_envs.harbor.benchmark import HarborBenchmark
+
+    if isinstance(benchmark, FrozenLake):
+        return frozenlake_oracle
+    if isinstance(benchmark, HarborBenchmark):
+        return harbor_oracle(tasks)
+    raise ConfigError(f"benchmark {getattr(benchmark, 'name', benchmark)!r} has no reference oracle; demonstrations "
+                      "come from frozenlake* and Harbor task sets (terminal, harbor:PATH). For a benchmark with gold "
+                      "answers, eval a model and curate with `rllm sft RUN --min-reward 1`")
