@@ -40,3 +40,13 @@ async def test_frozenlake_invalid_moves_are_format_errors() -> None:
         (ep,) = await run_episodes(bench.default_rollout(), tasks, base_url=up.base_url, benchmark=bench,
                                    progress=False)
     assert ep.reward_reason == "format_error" and ep.artifacts["invalid_moves"] == tasks[0].metadata["max_turns"]
+
+
+def test_no_held_out_map_is_a_training_task_on_4x4() -> None:
+    """Random 4x4 maps repeat (499 distinct in 1,000 draws): the train split skips the test split's maps, so a
+    trained policy is measured on maps it never played; the train split keeps its size."""
+    bench = get_benchmark("frozenlake")
+    held_out = {tuple(t.metadata["desc"]) for t in bench.load("test")}
+    train = bench.load("train")
+    assert len(train) == 1000 and not any(tuple(t.metadata["desc"]) in held_out for t in train)
+    assert [t.id for t in bench.load("train", max_examples=3)] == [t.id for t in train[:3]]
