@@ -19,6 +19,12 @@ Presets for the agents and workflows of issue 15 (same script, their own flags a
     python benchmarks/learning_curve.py --preset langgraph-frozenlake   # the same on FrozenLake 4x4 (no signal at 135M)
     python benchmarks/learning_curve.py --preset solver-judge           # solver-judge on arithmetic, per role
     python benchmarks/learning_curve.py --preset search-hotpotqa        # issue 32: a search agent, reward F1
+    python benchmarks/learning_curve.py --preset warmstart-frozenlake   # issue 33: demos → SFT → RL from 0
+
+A warm-start preset (`--demos N`) first measures the base model (`rllm train --max-steps 0`: the same validation
+settings), records N reference demonstrations on the train split (`rllm demos`), fine-tunes on those that passed
+(`rllm sft --min-reward 1`), then runs RL from the SFT checkpoint (`rllm train --init`); the x axis counts the
+minutes of demos + SFT + RL, the base model at 0.
 
 With a workflow the curve also shows each role's held-out accuracy (`val/role/<role>/accuracy`: for the judge,
 how often the answer it picked was right), and the x axis is wall-clock minutes since the run started.
@@ -70,12 +76,46 @@ PRESETS: dict[str, dict[str, Any]] = {
                         "lr": 5e-6, "eval_every": 10, "eval_examples": 40, "eval_attempts": 1, "micro_batch_size": 4,
                         "bf16": False, "minutes": 40, "extra": ["--rejection", "group"],
                         "out": "benchmarks/results/learning_curve_search_hotpotqa"},
+    # issue 33: the embedded model never reaches the goal; SFT on shortest-path demonstrations played by the same
+    # LangGraph agent (train maps only: none of them is a held-out map), then GRPO; the whole held-out split (100)
+    "warmstart-frozenlake": {"benchmark": "frozenlake", "agent": "examples/agents/langgraph_frozenlake.py:agent",
+                             "max_tokens": 12, "lr": 2e-6, "eval_every": 10, "eval_examples": 100, "eval_attempts": 1,
+                             "micro_batch_size": 8, "bf16": False, "minutes": 15, "demos": 300, "sft_epochs": 2,
+                             "sft_lr": 2e-5, "out": "benchmarks/results/learning_curve_warmstart_frozenlake"},
     "solver-judge": {"benchmark": "arithmetic", "workflow": "solver-judge", "max_tokens": 12, "lr": 5e-6,
                      "eval_every": 10, "eval_examples": 32, "eval_attempts": 2, "micro_batch_size": 16,
                      "bf16": False, "out": "benchmarks/results/learning_curve_solver_judge"},
 }
 """Settings of the issue-15 curves; flags given on the command line still win. fp32: in these runs a bf16-autocast
 backward on this CPU took minutes for a step fp32 does in seconds."""
+
+
+def _run(cmd: list[str]) -> float:
+    """Run one CLI step (its output shown); its wall seconds. A failing step ends the measurement."""
+    print("running:", " ".join(cmd), flush=True)
+    started = time.time()
+    proc = subprocess.run(cmd, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    if proc.returncode:
+        sys.exit(f"{cmd[3]} failed with exit code {proc.returncode}")
+    return time.time() - started
+
+
+def warm_start(args: argparse.Namespace, out: Path) -> tuple[Path, dict[str, Any], float]:
+    """Base-model validation, demos, SFT (module docstring): the SFT run, the base point, the seconds of demos+SFT."""
+    rllm = [sys.executable, "-m", "rllm"]
+    agent = ["--agent", args.agent] if args.agent else []
+    for name in ("base", "demos", "sft"):
+        shutil.rmtree(out / name, ignore_errors=True)
+    _run([*rllm, "train", args.benchmark, "--model", args.model, "--output", str(out / "base"), "--max-steps", "0",
+          "--eval-examples", str(args.eval_examples), "--eval-attempts", str(args.eval_attempts), "--eval-greedy",
+          "--max-tokens", str(args.max_tokens), "--temperature", str(args.temperature), "--no-progress", *agent])
+    base = read_curve(out / "base")["eval"][0]
+    spent = _run([*rllm, "demos", args.benchmark, "--split", "train", "-n", str(args.demos), "-o",
+                  str(out / "demos"), "--no-progress", *agent])
+    spent += _run([*rllm, "sft", str(out / "demos"), "--min-reward", "1", "--model", args.model, "--epochs",
+                   str(args.sft_epochs), "--lr", str(args.sft_lr), "--batch-size", "8", "-o", str(out / "sft"),
+                   "--no-progress"])
+    return out / "sft", base, spent
 
 
 def read_curve(run_dir: Path) -> dict[str, Any]:
@@ -164,6 +204,9 @@ def main() -> None:
     ap.add_argument("--agent", default=None, help="your rollout, 'path/file.py:name' or 'module:name'")
     ap.add_argument("--roles", default=None, help="a LoRA adapter per role, 'solver=lora:solver,judge=lora:judge'")
     ap.add_argument("--preset", choices=sorted(PRESETS), default=None, help="settings of one of the issue-15 curves")
+    ap.add_argument("--demos", type=int, default=0, help="warm start: N reference demos → SFT → RL (docstring)")
+    ap.add_argument("--sft-epochs", type=int, default=2)
+    ap.add_argument("--sft-lr", type=float, default=2e-5)
     ap.add_argument("extra", nargs="*", help="more `rllm train` flags, after `--`")
     if (preset := _preset_of(sys.argv[1:])) is not None:
         ap.set_defaults(**PRESETS[preset])
@@ -173,12 +216,22 @@ def main() -> None:
     run_dir = out / "run"
     shutil.rmtree(run_dir, ignore_errors=True)  # this script's own previous run: a measurement starts fresh
     out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    base, spent = None, 0.0
+    if args.demos:
+        sft_run, base, spent = warm_start(args, out)
+        args.extra = [*args.extra, "--init", str(sft_run)]
     cmd = train_cmd(args, run_dir)
     print("running:", " ".join(cmd), flush=True)
-    started = time.time()
     env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # rllm sets its OpenMP spin bound itself
     proc = subprocess.run(cmd, env=env)
     curve = read_curve(run_dir)
+    if base is not None:  # the base model at 0; the RL run's points after the demos and SFT minutes
+        for point in curve["eval"]:
+            point["minutes"] = (point["minutes"] or 0.0) + spent / 60
+            point["step"] = f"rl {point['step']}"
+        curve["eval"].insert(0, {**base, "minutes": 0.0, "step": "base"})
+        curve["warm_start_minutes"] = spent / 60
     who = args.workflow or (Path(args.agent.partition(":")[0]).stem if args.agent else "default agent")
     curve.update({"title": f"{args.model}, {who} on {args.benchmark}, {args.algo}, {args.minutes:g} min budget",
                   "setup": vars(args), "wall_s": time.time() - started, "exit_code": proc.returncode})

@@ -82,3 +82,18 @@ def test_a_training_step_with_the_student_as_teacher_has_no_reverse_kl(tmp_path:
     assert record["teacher"] == "tiny-random" and record["step"] == 1 and record["distill/rows"] > 0
     assert "teacher" not in {s.get("agent") for line in (result.run_dir / "episodes" / "step_1.jsonl").open()
                              for t in json.loads(line)["trajectories"] for s in t["steps"]}
+
+
+def test_distillation_runs_on_the_tinker_double(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Tinker backend takes the per-token advantages as they are: a step with the student as its own teacher
+    trains with a reverse KL of ~0 (the double samples the same weights in fp32)."""
+    from rllm_backends.tinker import retry
+
+    monkeypatch.setenv("RLLM_TINKER_SERVICE", "rllm_backends.tinker.double:service_double_from_env")
+    monkeypatch.setenv("RLLM_TINKER_DOUBLE_DIR", str(tmp_path / "service"))
+    monkeypatch.setattr(retry, "RETRY_WAIT_S", 0.01)
+    config = yesno_config(tmp_path, model="tiny-random", backend="tinker", lora_rank=8, max_steps=1,
+                          eval_examples=0, teacher="tiny-random", task_coef=0.0)
+    result = train(config, benchmark=YesNoBenchmark(), progress=False, console=Console(quiet=True))
+    [metrics] = result.history
+    assert abs(metrics["distill/reverse_kl"]) < 1e-3 and metrics["distill/tokens"] > 0
