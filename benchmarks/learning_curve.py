@@ -82,6 +82,13 @@ PRESETS: dict[str, dict[str, Any]] = {
                              "max_tokens": 12, "lr": 2e-6, "eval_every": 10, "eval_examples": 100, "eval_attempts": 1,
                              "micro_batch_size": 8, "bf16": False, "minutes": 15, "demos": 300, "sft_epochs": 2,
                              "sft_lr": 2e-5, "out": "benchmarks/results/learning_curve_warmstart_frozenlake"},
+    # issue 33: the terminal agent on the 12 held-out tasks (the train split's 22 references, played as they are and
+    # with a look around first, for SFT; 4 sampled attempts per held-out task: best of 4 and mean success)
+    "warmstart-terminal": {"benchmark": "terminal", "max_tokens": 384, "lr": 2e-6, "eval_every": 5,
+                           "eval_examples": 12, "eval_attempts": 4, "batch_size": 4, "group_size": 4,
+                           "micro_batch_size": 4, "bf16": False, "minutes": 30, "demos": 22,
+                           "demo_variants": "direct,explore", "sft_epochs": 6, "sft_lr": 2e-5, "sft_batch_size": 4,
+                           "out": "benchmarks/results/learning_curve_warmstart_terminal"},
     "solver-judge": {"benchmark": "arithmetic", "workflow": "solver-judge", "max_tokens": 12, "lr": 5e-6,
                      "eval_every": 10, "eval_examples": 32, "eval_attempts": 2, "micro_batch_size": 16,
                      "bf16": False, "out": "benchmarks/results/learning_curve_solver_judge"},
@@ -104,17 +111,18 @@ def warm_start(args: argparse.Namespace, out: Path) -> tuple[Path, dict[str, Any
     """Base-model validation, demos, SFT (module docstring): the SFT run, the base point, the seconds of demos+SFT."""
     rllm = [sys.executable, "-m", "rllm"]
     agent = ["--agent", args.agent] if args.agent else []
-    for name in ("base", "demos", "sft"):
+    variants = args.demo_variants.split(",")
+    for name in ("base", "sft", *(f"demos-{v}" for v in variants)):
         shutil.rmtree(out / name, ignore_errors=True)
     _run([*rllm, "train", args.benchmark, "--model", args.model, "--output", str(out / "base"), "--max-steps", "0",
           "--eval-examples", str(args.eval_examples), "--eval-attempts", str(args.eval_attempts), "--eval-greedy",
           "--max-tokens", str(args.max_tokens), "--temperature", str(args.temperature), "--no-progress", *agent])
     base = read_curve(out / "base")["eval"][0]
-    spent = _run([*rllm, "demos", args.benchmark, "--split", "train", "-n", str(args.demos), "-o",
-                  str(out / "demos"), "--no-progress", *agent])
-    spent += _run([*rllm, "sft", str(out / "demos"), "--min-reward", "1", "--model", args.model, "--epochs",
-                   str(args.sft_epochs), "--lr", str(args.sft_lr), "--batch-size", "8", "-o", str(out / "sft"),
-                   "--no-progress"])
+    spent = sum(_run([*rllm, "demos", args.benchmark, "-n", str(args.demos), "-o", str(out / f"demos-{v}"),
+                      "--variant", v, "--no-progress", *agent]) for v in variants)
+    spent += _run([*rllm, "sft", *(str(out / f"demos-{v}") for v in variants), "--min-reward", "1", "--model",
+                   args.model, "--max-seq-len", "4096", "--epochs", str(args.sft_epochs), "--lr", str(args.sft_lr),
+                   "--batch-size", str(args.sft_batch_size), "-o", str(out / "sft"), "--no-progress"])
     return out / "sft", base, spent
 
 
@@ -129,6 +137,7 @@ def read_curve(run_dir: Path) -> dict[str, Any]:
                   "sampled_accuracy": r.get("val/reward/accuracy"),
                   "sampled_reward": r.get("val/reward/mean"),
                   "greedy_accuracy": r.get("val_greedy/reward/accuracy"),
+                  "tasks_solved_best_of_attempts": r.get("val/reward/tasks_solved"), "tasks": r.get("val/reward/tasks"),
                   "roles": {k.split("/")[2]: v for k, v in r.items()
                             if k.startswith("val/role/") and k.endswith("/accuracy")},
                   "reasons": {k.removeprefix("val/reason/"): v for k, v in r.items() if k.startswith("val/reason/")},
@@ -205,7 +214,9 @@ def main() -> None:
     ap.add_argument("--roles", default=None, help="a LoRA adapter per role, 'solver=lora:solver,judge=lora:judge'")
     ap.add_argument("--preset", choices=sorted(PRESETS), default=None, help="settings of one of the issue-15 curves")
     ap.add_argument("--demos", type=int, default=0, help="warm start: N reference demos → SFT → RL (docstring)")
+    ap.add_argument("--demo-variants", default="direct", help="oracle variants to record, comma-separated")
     ap.add_argument("--sft-epochs", type=int, default=2)
+    ap.add_argument("--sft-batch-size", type=int, default=8)
     ap.add_argument("--sft-lr", type=float, default=2e-5)
     ap.add_argument("extra", nargs="*", help="more `rllm train` flags, after `--`")
     if (preset := _preset_of(sys.argv[1:])) is not None:

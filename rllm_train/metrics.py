@@ -33,6 +33,11 @@ def episode_metrics(episodes: Sequence[Episode], prefix: str = "") -> dict[str, 
         f"{prefix}episode/llm_calls_mean": statistics.fmean(calls),
         f"{prefix}episode/errors": float(sum(1 for e in episodes if e.error is not None)),
     }
+    solved: dict[str, bool] = {}  # best of the attempts: a task counts once, solved if any attempt was correct
+    for e in episodes:
+        solved[e.task.id] = solved.get(e.task.id, False) or bool(e.is_correct)
+    out[f"{prefix}reward/tasks_solved"] = float(sum(solved.values()))
+    out[f"{prefix}reward/tasks"] = float(len(solved))
     for reason, count in Counter(e.reward_reason or "unscored" for e in episodes).items():
         out[f"{prefix}reason/{reason}"] = count / n
     out.update(role_metrics(episodes, prefix))

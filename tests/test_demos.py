@@ -83,6 +83,16 @@ def test_every_terminal_tasks_solve_sh_passes_its_verifier_as_the_agents_tool_ca
     assert first.startswith("<tool_call>") and '"name": "bash"' in first
 
 
+def test_the_explore_variant_looks_around_before_the_script() -> None:
+    task = get_benchmark("terminal").load("train", max_examples=1)[0]
+    oracle = harbor_oracle([task], explore=True)
+    asked = [_user(str(task.instruction))]
+    first = json.loads(oracle(asked, [{"type": "function"}])["tool_calls"][0]["function"]["arguments"])
+    assert first == {"command": "ls -la"}
+    then = oracle([*asked, {"role": "assistant", "content": ""}, {"role": "tool", "content": "x"}], None)["content"]
+    assert then.startswith("```bash\n") and "ls -la" not in then
+
+
 def test_demos_refuse_the_held_out_split_and_benchmarks_without_an_oracle(tmp_path: Path) -> None:
     runner = CliRunner()
     out = runner.invoke(build_app(), ["demos", "frozenlake-3x3", "--split", "test", "-o", str(tmp_path / "x")])

@@ -31,6 +31,7 @@ def demos_command(
     max_turns: int | None = typer.Option(None, "--max-turns", help="Turns per episode (default: the benchmark's)."),
     data_dir: Path | None = typer.Option(None, "--data-dir", help="Benchmark files folder."),
     seed: int = typer.Option(0, "--seed", help="Seed for generated benchmarks."),
+    variant: str = typer.Option("direct", "--variant", help="direct, or explore (Harbor: `ls -la` first)."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
 ) -> None:
     """Record a benchmark's reference solutions as episodes, played by its agent (for rllm sft)."""
@@ -46,7 +47,7 @@ def demos_command(
                               "tasks; demonstrate the train split")
         bench = get_benchmark(benchmark)
         tasks = bench.load(split, data_dir=str(data_dir) if data_dir else None, max_examples=max_examples, seed=seed)
-        with serve_oracle(oracle_for(bench, tasks)) as server:
+        with serve_oracle(oracle_for(bench, tasks, variant)) as server:
             given = dict(benchmark=benchmark, split=split, max_examples=max_examples, base_url=server.url,
                          model=ORACLE_MODEL, sandbox=sandbox, concurrency=concurrency, agent=agent, output=output,
                          data_dir=data_dir, max_turns=max_turns, temperature=0.0, seed=seed, progress=not no_progress)

@@ -9,7 +9,8 @@ produced, scored by the benchmark's own grader; `rllm sft --min-reward 1` then t
   answered as the move word.
 - **Harbor task sets** (`terminal`, `harbor:PATH`): the task's `solution/solve.sh`, found by the task instruction
   in the conversation, run as one `bash` tool call (or a fenced block when the agent offers no tools: its text
-  format), then a reply without a command, which ends the terminal agent's episode.
+  format), then a reply without a command, which ends the terminal agent's episode; the `explore` variant first
+  runs `ls -la`, as an agent looking around would.
 """
 
 from __future__ import annotations
@@ -66,8 +67,9 @@ def frozenlake_oracle(messages: list[dict[str, Any]], tools: list[dict[str, Any]
     return {"content": ACTIONS[path[0]] if path else "LEFT"}
 
 
-def harbor_oracle(tasks: Sequence[Task]) -> Oracle:
-    """solve.sh of the task whose instruction the conversation holds (module docstring)."""
+def harbor_oracle(tasks: Sequence[Task], explore: bool = False) -> Oracle:
+    """solve.sh of the task whose instruction the conversation holds (module docstring). `explore`: a variant
+    that first looks around (`ls -la`) as an agent would, then runs the script."""
     scripts: list[tuple[str, str]] = []
     for task in tasks:
         solve_sh = Path(str(task.metadata.get("harbor_dir", ""))) / "solution" / "solve.sh"
@@ -82,26 +84,29 @@ def harbor_oracle(tasks: Sequence[Task]) -> Oracle:
         script = next((body for instruction, body in scripts if instruction and instruction in asked), None)
         if script is None:
             return {"content": "I cannot tell which task this is."}
-        acted = any(m.get("role") == "assistant" for m in messages)
-        if acted:  # the script ran (its output is the last message): finish
+        plan = ["ls -la", script] if explore else [script]
+        acted = sum(1 for m in messages if m.get("role") == "assistant")
+        if acted >= len(plan):  # the script ran (its output is the last message): finish
             return {"content": "The task is done." if tools else "DONE"}
+        command = plan[acted]
         if tools:
-            call = {"id": "call_solution", "type": "function",
-                    "function": {"name": "bash", "arguments": json.dumps({"command": script})}}
+            call = {"id": f"call_{acted}", "type": "function",
+                    "function": {"name": "bash", "arguments": json.dumps({"command": command})}}
             return {"content": "", "tool_calls": [call]}
-        return {"content": f"```bash\n{script}\n```"}
+        return {"content": f"```bash\n{command}\n```"}
 
     return reply
 
 
-def oracle_for(benchmark: Any, tasks: Sequence[Task]) -> Oracle:
-    """The oracle of `benchmark` (FrozenLake, a Harbor task set), or a ConfigError naming what has one."""
+def oracle_for(benchmark: Any, tasks: Sequence[Task], variant: str = "direct") -> Oracle:
+    """The oracle of `benchmark` (FrozenLake, a Harbor task set), or a ConfigError naming what has one.
+    `variant` "explore": Harbor demonstrations that look around first (more varied SFT data)."""
     from rllm_envs.harbor.benchmark import HarborBenchmark
 
     if isinstance(benchmark, FrozenLake):
         return frozenlake_oracle
     if isinstance(benchmark, HarborBenchmark):
-        return harbor_oracle(tasks)
+        return harbor_oracle(tasks, explore=variant == "explore")
     raise ConfigError(f"benchmark {getattr(benchmark, 'name', benchmark)!r} has no reference oracle; demonstrations "
                       "come from frozenlake* and Harbor task sets (terminal, harbor:PATH). For a benchmark with gold "
                       "answers, eval a model and curate with `rllm sft RUN --min-reward 1`")
