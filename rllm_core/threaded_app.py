@@ -72,6 +72,12 @@ class ThreadedApp:
             raise self._error
         return self
 
+    def __enter__(self) -> ThreadedApp:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     @property
     def running(self) -> bool:
         return self._runner is not None and self._thread.is_alive()

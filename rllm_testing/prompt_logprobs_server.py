@@ -57,9 +57,6 @@ class PromptLogprobsServer:
 def start_prompt_logprobs_server(model: Any, tokenizer: Any, name: str = "teacher") -> Iterator[PromptLogprobsServer]:
     """Serve on 127.0.0.1:<free port> from a thread; `server.url` ends in /v1; always stopped."""
     server = PromptLogprobsServer(model, tokenizer, name)
-    http = ThreadedApp(server.make_app, name="rllm-prompt-logprobs").start(10)
-    server.url = f"{http.url}/v1"
-    try:
+    with ThreadedApp(server.make_app, name="rllm-prompt-logprobs") as http:
+        server.url = f"{http.url}/v1"
         yield server
-    finally:
-        http.stop(timeout=10)

@@ -52,6 +52,9 @@ class SftConfig(BaseModel):
     device: str = "cpu"
     lora_rank: int = Field(0, ge=0)
     lora_alpha: int = 16
+    roles: str | dict[str, str] = Field(default_factory=dict)
+    """A LoRA adapter per role, 'solver=lora:solver,judge=lora:judge' (as `rllm train --roles`): each row trains
+    its trajectory's role's adapter."""
     bf16: bool = True
     gradient_checkpointing: bool = False
     epochs: int = Field(1, ge=1)
@@ -80,7 +83,7 @@ class SftConfig(BaseModel):
         """The TrainConfig a backend is set up with: `--loss sft`, token-mean, temperature 1, no rollouts."""
         return TrainConfig(
             benchmark="sft", model=self.model, backend=self.backend, backend_options=self.backend_options,
-            device=self.device, lora_rank=self.lora_rank, lora_alpha=self.lora_alpha, bf16=self.bf16,
+            device=self.device, lora_rank=self.lora_rank, lora_alpha=self.lora_alpha, roles=self.roles, bf16=self.bf16,
             gradient_checkpointing=self.gradient_checkpointing, loss="sft", agg="token-mean", algo="reinforce",
             group_size=1, batch_size=self.batch_size, micro_batch_size=self.micro_batch_size,
             max_seq_len=self.max_seq_len, overlong=self.overlong, temperature=1.0, lr=self.lr,

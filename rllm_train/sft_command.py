@@ -28,6 +28,8 @@ def sft_command(
     backend: str = typer.Option("local", "--backend", help="local, verl or tinker.", rich_help_panel=_MODEL),
     device: str = typer.Option("cpu", "--device", rich_help_panel=_MODEL),
     lora_rank: int = typer.Option(0, "--lora-rank", help="LoRA rank (0: full fine-tune).", rich_help_panel=_MODEL),
+    roles: str | None = typer.Option(None, "--roles", help="A LoRA adapter per role: 'solver=lora:solver,...'.",
+                                     rich_help_panel=_MODEL),
     min_reward: float | None = typer.Option(None, "--min-reward", help="Keep episodes scoring at least this.",
                                             rich_help_panel=_DATA),
     reason: list[str] = typer.Option([], "--reason", help="Keep episodes with this reward reason (repeatable).",
@@ -59,6 +61,7 @@ def sft_command(
     try:
         config = SftConfig(
             data=data, model=model, output=output, backend=backend, device=device, lora_rank=lora_rank,
+            roles=roles or {},
             keep=EpisodeFilter(min_reward=min_reward, reasons=reason, benchmarks=benchmark, roles=role, where=where),
             epochs=epochs, max_steps=max_steps, batch_size=batch_size, micro_batch_size=micro_batch_size,
             max_seq_len=max_seq_len, lr=lr, warmup_steps=warmup_steps, lr_schedule=lr_schedule, seed=seed,

@@ -236,27 +236,34 @@ NOTES = {"notes": McpServer("/usr/bin/python3", ("/app/notes_server.py",))}
 SHELL = {"claude-code": ("Bash", "command"), "qwen-code": ("run_shell_command", "command")}
 
 
-def _mcp_responder(name: str) -> Any:
-    """Call the agent's MCP tool (whatever name the program gives it), write the word it returns with the
-    program's shell tool, finish."""
+def _tool_then_shell(name: str, pick: Any, arguments: dict[str, Any], pattern: str, path: str) -> Any:
+    """A scripted policy: call the MCP tool `pick(tool specs)` names (each program names MCP tools its own way)
+    with `arguments`, write what `pattern` finds in its answer to `path` with the program's shell tool, finish."""
     shell, arg = SHELL[name]
 
     def respond(body: dict[str, Any]) -> Any:
         if body.get("model") == "rllm-side":
-            return "Code word"
+            return "MCP task"
         done = sum(1 for m in body.get("messages") or [] if m.get("role") == "assistant")
         if done == 0:
-            names = [t.get("function", t).get("name", "") for t in body.get("tools") or []]
-            tool = next((n for n in names if n.endswith("code_word")), None)
-            return {"tool_call": {"name": tool, "arguments": {}}} if tool else f"no code_word tool among {names}"
+            specs = [t.get("function", t) for t in body.get("tools") or []]
+            tool = pick(specs)
+            return {"tool_call": {"name": tool, "arguments": arguments}} if tool else \
+                f"no such tool among {[t.get('name') for t in specs]}"
         if done == 1:
-            found = re.search(r"WORD:([\w-]+)", json.dumps(body.get("messages")))
-            word = found.group(1) if found else "MISSING"
-            return {"tool_call": {"name": shell, "arguments": {arg: f"echo {word} > /app/word.txt",
-                                                                "description": "Write the word"}}}
-        return "Done: the code word is in /app/word.txt."
+            found = re.search(pattern, json.dumps(body.get("messages")))
+            value = found.group(1) if found else "MISSING"
+            return {"tool_call": {"name": shell, "arguments": {arg: f"echo '{value}' > {path}",
+                                                                "description": "Write the answer"}}}
+        return f"Done: the answer is in {path}."
 
     return respond
+
+
+def _mcp_responder(name: str) -> Any:
+    """The notes server's code_word, written to /app/word.txt."""
+    return _tool_then_shell(name, lambda specs: next((t["name"] for t in specs if t["name"].endswith("code_word")),
+                                                     None), {}, r"WORD:([\w-]+)", "/app/word.txt")
 
 
 @pytest.mark.parametrize("name", ["claude-code", "qwen-code"])
@@ -280,28 +287,13 @@ MCP_HTTP_TASKS = Path(__file__).parent / "data" / "harness_mcp_http_tasks"
 
 
 def _search_responder(name: str) -> Any:
-    """Call the environment's `search` tool (found by its description: each program names MCP tools its own way),
-    write the top hit's title with the program's shell tool, finish."""
-    shell, arg = SHELL[name]
+    """The environment's `search` tool (found by its description), the top hit's title to /app/answer.txt."""
+    def pick(specs: list[dict[str, Any]]) -> str | None:
+        return next((t["name"] for t in specs if str(t.get("description", "")).startswith("Search the passages")),
+                    None)
 
-    def respond(body: dict[str, Any]) -> Any:
-        if body.get("model") == "rllm-side":
-            return "Search"
-        done = sum(1 for m in body.get("messages") or [] if m.get("role") == "assistant")
-        if done == 0:
-            specs = [t.get("function", t) for t in body.get("tools") or []]
-            tool = next((t["name"] for t in specs if str(t.get("description", "")).startswith("Search the passages")),
-                        None)
-            return {"tool_call": {"name": tool, "arguments": {"query": "Kiss and Tell Corliss Archer", "k": 2}}} \
-                if tool else f"no search tool among {[t.get('name') for t in specs]}"
-        if done == 1:
-            found = re.search(r"\[d\d+\] ([^:\\]+):", json.dumps(body.get("messages")))
-            title = found.group(1) if found else "MISSING"
-            return {"tool_call": {"name": shell, "arguments": {arg: f"echo '{title}' > /app/answer.txt",
-                                                                "description": "Write the title"}}}
-        return "Done: the title is in /app/answer.txt."
-
-    return respond
+    return _tool_then_shell(name, pick, {"query": "Kiss and Tell Corliss Archer", "k": 2}, r"\[d\d+\] ([^:\\]+):",
+                            "/app/answer.txt")
 
 
 @pytest.mark.parametrize("name", ["claude-code", "qwen-code"])

@@ -21,7 +21,6 @@ from rllm_core.runs.episodes import write_episodes
 from rllm_core.types import Episode, Step, Task, Trajectory
 from rllm_serve.models import load_model, load_tokenizer
 from rllm_train.algorithms.losses import policy_loss_with_metrics
-from rllm_train.backend import check_capabilities
 from rllm_train.config import TrainConfig
 from rllm_train.packing import pack_trajectory
 from rllm_train.setup import resolve_init
@@ -160,6 +159,13 @@ def test_sft_memorises_on_the_local_backend_and_train_init_loads_the_same_weight
     assert same and moved
 
 
+def test_sft_trains_a_lora_adapter_per_role(tmp_path: Path) -> None:
+    result, _ = _memorise(tmp_path, roles="sft=lora:student", lora_rank=4)
+    nll = [m["train/pg_loss"] for m in result.history]
+    assert nll[-1] < nll[0] and result.history[-1]["train/adapter/student/rows"] > 0
+    assert (result.last_checkpoint / "adapters" / "student" / "adapter_config.json").is_file()
+
+
 def test_sft_runs_on_the_tinker_double_through_its_cross_entropy(tmp_path: Path,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RLLM_TINKER_SERVICE", "rllm_backends.tinker.double:service_double_from_env")
@@ -173,12 +179,7 @@ def test_sft_runs_on_the_tinker_double_through_its_cross_entropy(tmp_path: Path,
     assert nll[-1] < 0.5 * nll[0], nll
 
 
-def test_verl_refuses_sft_by_name_and_tinker_refuses_init() -> None:
-    from rllm_backends.verl.backend import VerlBackend
-
-    with pytest.raises(ConfigError, match="not wired to verl's SFT trainer"):
-        config = TrainConfig(loss="sft", backend="verl")
-        check_capabilities(config, VerlBackend(config).capabilities(), "verl")
+def test_init_is_refused_on_tinker_and_for_what_holds_no_model() -> None:
     with pytest.raises(ConfigError, match="tinker backend trains a model Tinker hosts"):
         resolve_init(TrainConfig(init="runs/x", backend="tinker"))
     with pytest.raises(ConfigError, match="not a run of rllm sft"):

@@ -73,6 +73,31 @@ def test_verl_update_equals_the_local_backend_on_the_same_rows(tmp_path: Path, r
         verl.shutdown()
 
 
+def test_sft_on_verl_equals_the_local_backend_on_the_same_rows(tmp_path: Path, ray_cluster: None) -> None:
+    """`--loss sft` runs inside verl's actor as the `rllm_sft` policy loss: the same NLL and gradient as ours."""
+    from rllm_backends.local_torch.backend import LocalTorchBackend
+    from rllm_backends.verl.backend import VerlBackend
+    from rllm_serve.models import load_tokenizer
+    from rllm_train.packing import pack_trajectory
+    from rllm_train.sft_data import chat_trajectory, eos_ids
+
+    tok = load_tokenizer("tiny-random")
+    talk = [{"role": "user", "content": f"Say {w}."} for w in ("yes", "no", "maybe")]
+    rows = [r.model_copy(update={"temperature": 1.0}) for m in talk for r in pack_trajectory(chat_trajectory(
+        [m, {"role": "assistant", "content": m["content"].split()[1]}], tok, end_of_turn_ids=eos_ids(tok)), 1.0)[0]]
+    config = _config(tmp_path, loss="sft")
+    local, verl = LocalTorchBackend(), VerlBackend(config)
+    try:
+        local.setup(config.model_copy(update={"backend": "local"}))
+        verl.setup(config)
+        ours, theirs = _step(local, rows), _step(verl, rows)
+        assert theirs["train/loss"] == pytest.approx(ours["train/loss"], abs=1e-5), (ours, theirs)
+        assert theirs["train/grad_norm"] == pytest.approx(ours["train/grad_norm"], rel=1e-4), (ours, theirs)
+    finally:
+        local.shutdown()
+        verl.shutdown()
+
+
 def test_off_policy_correction_on_verl_equals_the_local_backends(tmp_path: Path, ray_cluster: None) -> None:
     """--rollout-is on the verl CPU path: π_prox recomputed by verl's actor, the weights handed to verl's ppo_loss
     as rollout_is_weights; the same rows (behaviour logprobs moved off the trainer's so the weights vary and some

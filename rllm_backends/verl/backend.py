@@ -84,11 +84,10 @@ class VerlBackend(BackendBase):
     def capabilities(self) -> BackendCapabilities:
         gpu = self.placement == "cuda"
         return BackendCapabilities(
-            losses=frozenset({"ppo", "gspo"}), agg_modes=frozenset(AGG_MODES), kl_types=frozenset(),
+            losses=frozenset({"ppo", "gspo", "sft"}), agg_modes=frozenset(AGG_MODES), kl_types=frozenset(),
             lora=gpu, recompute_old_logprobs=not gpu, devices=frozenset({"cpu", "cuda"}), async_train_step=True,
             colocated=gpu, multi_gpu=gpu, async_rollouts=not gpu, rollout_is=not gpu,
-            notes={"loss": "verl 0.9 has no plain importance-sampling loss; sft (rllm sft) is not wired to verl's "
-                           "SFT trainer yet: run it on the local or tinker backend",
+            notes={"loss": "verl 0.9 has no plain importance-sampling loss",
                    "kl_type": "the verl backend computes no reference log-probs yet (verl's ppo_loss needs "
                               "ref_log_prob); the mapping onto use_kl_loss / kl_loss_type is tested, the reference "
                               "worker is not wired",

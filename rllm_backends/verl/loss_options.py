@@ -8,7 +8,7 @@ compose verl's real config with it. Mapping (verl key under ``actor_rollout_ref.
 ========================== =========================================================================
 rllm option                verl
 ========================== =========================================================================
-loss ppo / gspo            policy_loss.loss_mode "vanilla" (dual-clip PPO) / "gspo"
+loss ppo / gspo / sft      policy_loss.loss_mode "vanilla" (dual-clip PPO) / "gspo" / "rllm_sft" (sft_loss.py)
 clip_low, clip_high        clip_ratio_low, clip_ratio_high
 clip_c                     clip_ratio_c (dual clip; verl's gspo ignores it, as ours does)
 agg                        loss_agg_mode (same names); seq-mean-token-sum-norm: loss_scale_factor = max_tokens
@@ -63,7 +63,8 @@ SUPPORTED = ">=0.9,<0.10"
 """verl versions whose batch layout, loss functions and config keys this backend was checked against."""
 
 _ACTOR = "actor_rollout_ref.actor."
-_LOSS_MODES = {"ppo": "vanilla", "gspo": "gspo"}
+_LOSS_MODES = {"ppo": "vanilla", "gspo": "gspo", "sft": "rllm_sft"}
+"""Our loss → verl's policy_loss.loss_mode; `rllm_sft` is registered with verl by sft_loss.py."""
 _KL_TYPES = {"k1": "kl", "k3": "low_var_kl"}
 _SCHEDULES = {"constant": "constant", "cosine": "cosine"}
 
@@ -93,9 +94,6 @@ def _refuse(option: str, value: object, why: str) -> ConfigError:
 def verl_actor_overrides(config: TrainConfig) -> dict[str, Any]:
     """verl overrides (dotted keys from the root of verl's ppo_trainer config; see the module docstring)
     that make verl train with `config`'s loss, aggregation, KL, batch shape and optimiser."""
-    if config.loss == "sft":
-        raise _refuse("loss", config.loss, "rllm sft is not wired to verl's SFT trainer yet; run it on the local "
-                      "or tinker backend, then train with --backend verl --init RUN")
     if config.loss not in _LOSS_MODES:
         raise _refuse("loss", config.loss, "verl 0.9 has no plain importance-sampling loss (−A·ρ); its gpg and "
                       "bypass_mode/reinforce losses differ in value and weighting; use --loss ppo or gspo")

@@ -182,6 +182,8 @@ class VerlActorWorker:
         from verl.workers.engine_workers import TrainingWorker
         from verl.workers.utils.losses import ppo_loss
 
+        from rllm_backends.verl import sft_loss  # noqa: F401  (registers --loss sft with verl, in this process)
+
         self.device = get_device_name()
         actor_over, model_over, self.ignored_overrides = _split_overrides(overrides)
         self.actor_config = build_actor_config(actor_over, device=self.device)

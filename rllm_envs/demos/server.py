@@ -74,9 +74,6 @@ class OracleServer:
 def serve_oracle(oracle: Oracle) -> Iterator[OracleServer]:
     """Serve on 127.0.0.1:<free port> from a thread; `server.url` ends in /v1; always stopped."""
     server = OracleServer(oracle)
-    http = ThreadedApp(server.make_app, name="rllm-oracle").start(10)
-    server.url = f"{http.url}/v1"
-    try:
+    with ThreadedApp(server.make_app, name="rllm-oracle") as http:
+        server.url = f"{http.url}/v1"
         yield server
-    finally:
-        http.stop(timeout=10)
