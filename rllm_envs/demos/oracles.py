@@ -67,6 +67,15 @@ def frozenlake_oracle(messages: list[dict[str, Any]], tools: list[dict[str, Any]
     return {"content": ACTIONS[path[0]] if path else "LEFT"}
 
 
+def _script_body(text: str) -> str:
+    """solve.sh without its shebang and leading comment block (a reference's notes, "never shown to the agent", are
+    not what an agent would write); comments further down may be file contents (a heredoc) and stay."""
+    lines = text.splitlines()
+    while lines and (not lines[0].strip() or lines[0].lstrip().startswith("#")):
+        lines.pop(0)
+    return "\n".join(lines).strip()
+
+
 def harbor_oracle(tasks: Sequence[Task], explore: bool = False) -> Oracle:
     """solve.sh of the task whose instruction the conversation holds (module docstring). `explore`: a variant
     that first looks around (`ls -la`) as an agent would, then runs the script."""
@@ -74,8 +83,7 @@ def harbor_oracle(tasks: Sequence[Task], explore: bool = False) -> Oracle:
     for task in tasks:
         solve_sh = Path(str(task.metadata.get("harbor_dir", ""))) / "solution" / "solve.sh"
         if solve_sh.is_file():
-            body = "\n".join(line for line in solve_sh.read_text().splitlines() if not line.startswith("#!"))
-            scripts.append((str(task.instruction).strip(), body.strip()))
+            scripts.append((str(task.instruction).strip(), _script_body(solve_sh.read_text())))
     if not scripts:
         raise ConfigError("no task of this set has a solution/solve.sh: there is no reference to demonstrate")
 
