@@ -17,6 +17,7 @@ name before anything loads.
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 import random
 from dataclasses import dataclass, field
@@ -106,8 +107,6 @@ def _is_chat_file(path: Path) -> bool:
     """A .jsonl whose first readable line has `messages` and no `trajectories` (an episode has trajectories)."""
     if not path.is_file():
         return False
-    import json
-
     with open(path, encoding="utf-8") as f:
         for line in f:
             if line.strip():
