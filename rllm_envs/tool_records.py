@@ -9,34 +9,15 @@ agent reaches over MCP are recorded the same way as tools called in process.
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel
+from rllm_core.tool_record import ToolCallRecord, clip_arguments
 
 __all__ = ["ToolCallRecord", "ToolLog", "read_jsonl_records"]
-
-MAX_ARGUMENT_CHARS = 2000
-
-
-class ToolCallRecord(BaseModel):
-    name: str
-    arguments: dict[str, Any] | str
-    result_chars: int
-    latency_s: float
-    error: str | None = None
-    started_at: float
-    transport: str = "in_process"
-
-
-def _clip_arguments(arguments: dict[str, Any] | str) -> dict[str, Any] | str:
-    text = arguments if isinstance(arguments, str) else json.dumps(arguments, default=str)
-    return arguments if len(text) <= MAX_ARGUMENT_CHARS else text[:MAX_ARGUMENT_CHARS] + "...(cut)"
-
 
 class ToolLog:
     """Records tool calls (thread-safe: tools may run in worker threads); optionally appends each to a JSONL file."""
@@ -54,11 +35,11 @@ class ToolLog:
         try:
             result = fn()
         except Exception as exc:
-            self.add(ToolCallRecord(name=name, arguments=_clip_arguments(arguments), result_chars=0,
+            self.add(ToolCallRecord(name=name, arguments=clip_arguments(arguments), result_chars=0,
                                     latency_s=time.monotonic() - clock, error=f"{type(exc).__name__}: {exc}"[:500],
                                     started_at=started, transport=self.transport))
             raise
-        self.add(ToolCallRecord(name=name, arguments=_clip_arguments(arguments), result_chars=len(result),
+        self.add(ToolCallRecord(name=name, arguments=clip_arguments(arguments), result_chars=len(result),
                                 latency_s=round(time.monotonic() - clock, 6),
                                 error=result[:500] if is_error(result) else None, started_at=started,
                                 transport=self.transport))

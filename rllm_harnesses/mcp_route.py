@@ -7,8 +7,8 @@ route serves: `/<name>` goes to that server's URL, any other path is a 404, so t
 was given and no other host service. Headers pass both ways (the MCP session id rides in `Mcp-Session-Id`) but
 not the sandbox's credentials; the server's own `headers` (a token) are added here, never seen inside.
 
-Each JSON-RPC `tools/call` is recorded (name, arguments, result size, latency, error), as an in-process tool call
-is (`rllm_envs.tool_records`, whose field names these records share), and lands on the episode as
+Each JSON-RPC `tools/call` is recorded (name, arguments, result size, latency, error) as a
+`rllm_core.tool_record.ToolCallRecord`, the record in-process tool calls leave, and lands on the episode as
 `artifacts["tool_log"]` with transport "mcp", which `rllm view` shows. The response is passed on as it streams
 (JSON or server-sent events); a copy of at most `_TEE_LIMIT` bytes is kept to read the result's size and error.
 """
@@ -23,11 +23,12 @@ from typing import Any
 import aiohttp
 from aiohttp import web
 
+from rllm_core.tool_record import ToolCallRecord, clip_arguments
+
 __all__ = ["MCP_PORT", "McpRoute"]
 
 MCP_PORT = 8810
 _TEE_LIMIT = 4 * 1024 * 1024
-_MAX_ARGUMENT_CHARS = 2000
 _DROP = frozenset({"host", "content-length", "transfer-encoding", "connection", "keep-alive", "authorization",
                    "x-api-key", "accept-encoding", "proxy-authorization", "cookie"})
 _DROP_BACK = frozenset({"content-length", "transfer-encoding", "content-encoding", "connection", "keep-alive"})
@@ -72,11 +73,6 @@ def _outcome(message: dict[str, Any] | None) -> tuple[int, str | None]:
     result = message.get("result") if isinstance(message.get("result"), dict) else {}
     text = "".join(str(part.get("text", "")) for part in result.get("content") or [] if isinstance(part, dict))
     return len(text), (text[:500] or "the tool reported an error") if result.get("isError") else None
-
-
-def _clip(arguments: Any) -> Any:
-    text = arguments if isinstance(arguments, str) else json.dumps(arguments, default=str)
-    return arguments if len(text) <= _MAX_ARGUMENT_CHARS else text[:_MAX_ARGUMENT_CHARS] + "...(cut)"
 
 
 class McpRoute:
@@ -128,5 +124,6 @@ class McpRoute:
         latency = round(time.monotonic() - clock, 6)
         for msg_id, (tool, arguments) in calls.items():
             chars, error = (0, failure) if failure else _outcome(answers.get(msg_id))
-            self.records.append({"name": tool, "arguments": _clip(arguments), "result_chars": chars,
-                                 "latency_s": latency, "error": error, "started_at": started, "transport": "mcp"})
+            self.records.append(ToolCallRecord(name=tool, arguments=clip_arguments(arguments), result_chars=chars,
+                                               latency_s=latency, error=error, started_at=started,
+                                               transport="mcp").model_dump())

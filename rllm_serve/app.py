@@ -35,7 +35,7 @@ from rllm_serve.protocol import (
 from rllm_serve.responses import ChoiceResult, ResponseBuilder
 from rllm_serve.responses_api import ResponsesBuilder, stream_response
 from rllm_serve.sequence import GenerationRequest, TokenEvent
-from rllm_serve.tool_prompt import content_text, tools_in_messages
+from rllm_serve.tool_prompt import ChatRenderer
 
 __all__ = ["MODEL_ALIASES", "check_default_adapter", "engine_adapters", "make_app"]
 
@@ -55,9 +55,6 @@ class _Handlers:
         self.adapters: tuple[str, ...] = engine_adapters(engine)
         self.default_adapter = default_adapter
         self.ctx = engine.loaded.context_length
-        template = getattr(self.tokenizer, "chat_template", None) or ""
-        self.template = template if isinstance(template, str) else json.dumps(template)
-        self.supports_tools = "tools" in self.template
         self.end_of_turn_ids = frozenset(engine.loaded.eos_token_ids)
 
     # ------------------------------------------------------------------ small endpoints
@@ -112,22 +109,16 @@ class _Handlers:
                            f"(GET /v1/models lists it)", status=404, param="model")
 
     def _chat_prompt(self, req: ChatRequest) -> list[int]:
-        raw = list(req.messages)
-        kwargs = dict(req.chat_template_kwargs or {})
-        if req.tools and self.supports_tools:
-            kwargs["tools"] = req.tools
-        elif req.tools:  # a template without tools: the Hermes convention, written into the messages
-            raw = tools_in_messages(raw, req.tools)
-        messages = [_plain_message(m) for m in raw]
+        # a template without tools gets them in the Hermes convention, written into the messages
+        renderer = ChatRenderer(self.tokenizer, req.tools, req.chat_template_kwargs)
+        messages = renderer.messages(list(req.messages))
 
         def render(msgs: Any, generation_prompt: bool) -> list[int]:
             try:
-                text = self.tokenizer.apply_chat_template(list(msgs), tokenize=False,
-                                                          add_generation_prompt=generation_prompt, **kwargs)
+                return renderer.ids(msgs, generation_prompt)
             except Exception as exc:
                 raise RequestError(f"the chat template could not render these messages: {exc}",
                                    param="messages") from None
-            return list(self.tokenizer.encode(text, add_special_tokens=False))
 
         if req.rllm_continue is not None and req.add_generation_prompt:
             exact = continued_prompt(req.rllm_continue, messages, render, self.end_of_turn_ids)
@@ -278,11 +269,6 @@ async def _collect(queue: asyncio.Queue[TokenEvent], n: int) -> list[ChoiceResul
         results[ev.choice].add(ev)
         pending -= ev.finish_reason is not None
     return results
-
-
-def _plain_message(m: dict[str, Any]) -> dict[str, Any]:
-    """Content parts joined into text and None content made "" so simple chat templates can render them."""
-    return {**m, "content": content_text(m.get("content"))}
 
 
 def _error(status: int, message: str, param: str | None = None) -> web.Response:

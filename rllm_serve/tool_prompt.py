@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
-__all__ = ["content_text", "tools_in_messages"]
+__all__ = ["ChatRenderer", "content_text", "tools_in_messages"]
 
 _PREAMBLE = (
     "# Tools\n\nYou can call functions to help with the user's request. Their signatures, as JSON, are inside "
@@ -75,3 +75,31 @@ def tools_in_messages(messages: list[dict[str, Any]], tools: list[dict[str, Any]
         else:
             out.append(dict(m))
     return [{k: v for k, v in m.items() if k != "_tool_results"} for m in out]
+
+
+class ChatRenderer:
+    """A chat request's prompt ids as the policy server makes them: `tools` through the template when it shows
+    them, else written into the messages (`tools_in_messages`); content parts joined. `rllm sft` renders its chat
+    data and id-less captured calls with the same object, so a trained row is what the server would have sampled."""
+
+    def __init__(self, tokenizer: Any, tools: list[dict[str, Any]] | None = None,
+                 template_kwargs: dict[str, Any] | None = None) -> None:
+        template = getattr(tokenizer, "chat_template", None) or ""
+        template = template if isinstance(template, str) else json.dumps(template)
+        self.tokenizer, self.tools = tokenizer, tools or None
+        self.kwargs = dict(template_kwargs or {})
+        self.template_shows_tools = "tools" in template
+        if self.tools and self.template_shows_tools:
+            self.kwargs["tools"] = self.tools
+
+    def messages(self, messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        """`messages` as the template is given them."""
+        if self.tools and not self.template_shows_tools:
+            messages = tools_in_messages(messages, self.tools)
+        return [{**m, "content": content_text(m.get("content"))} for m in messages]
+
+    def ids(self, messages: list[dict[str, Any]], generation_prompt: bool) -> list[int]:
+        """Token ids of already prepared `messages` (`self.messages`)."""
+        text = self.tokenizer.apply_chat_template(list(messages), tokenize=False,
+                                                  add_generation_prompt=generation_prompt, **self.kwargs)
+        return list(self.tokenizer.encode(text, add_special_tokens=False))

@@ -35,7 +35,7 @@ import httpx
 from rllm_core.errors import ConfigError, TrainingError
 from rllm_train.packing import TrainRow
 
-__all__ = ["HttpTeacher", "LocalTeacher", "Teacher", "distill_rows", "make_teacher"]
+__all__ = ["HttpTeacher", "LocalTeacher", "Teacher", "distill_rows", "make_teacher", "score_and_distill"]
 
 
 class Teacher(Protocol):

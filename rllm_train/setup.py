@@ -4,6 +4,7 @@ recommended settings for the options the user left unset."""
 from __future__ import annotations
 
 import logging
+from pathlib import Path
 from typing import Any
 
 from rllm_core.errors import ConfigError
@@ -27,8 +28,6 @@ def resolve_init(config: TrainConfig) -> TrainConfig:
     if config.backend == "tinker":
         raise ConfigError(f"--init {config.init} loads weights from this machine, but the tinker backend trains a "
                           "model Tinker hosts: start from a Tinker checkpoint with --model, or drop --init")
-    from pathlib import Path
-
     from rllm_serve.run_model import resolve_checkpoint
 
     ckpt = resolve_checkpoint(config.init)

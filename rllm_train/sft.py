@@ -17,6 +17,7 @@ name before anything loads.
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import math
 import random
@@ -130,12 +131,7 @@ def load_sft_rows(config: SftConfig) -> tuple[list[TrainRow], dict[str, float]]:
     """Every source's rows, and the counts of what was read, kept and skipped (summed over sources)."""
     rows: list[TrainRow] = []
     counts: dict[str, float] = {}
-    loaded: list[Any] = []
-
-    def tokenizer() -> Any:  # loaded once, and only for data that needs rendering
-        if not loaded:
-            loaded.append(_tokenizer(config.model))
-        return loaded[0]
+    tokenizer = functools.cache(lambda: _tokenizer(config.model))  # once, and only for data that needs rendering
 
     for spec in config.data:
         source = Path(spec).expanduser()

@@ -28,6 +28,7 @@ from pydantic import BaseModel, Field, ValidationError
 
 from rllm_core.errors import ConfigError
 from rllm_core.types import Episode, Step, Trajectory
+from rllm_serve.tool_prompt import ChatRenderer
 from rllm_train.packing import OverlongRule, TrainRow, pack_trajectory
 
 __all__ = ["EpisodeFilter", "chat_trajectory", "eos_ids", "episode_files", "rendered_trajectory", "sft_rows_from_chat",
@@ -66,7 +67,7 @@ class EpisodeFilter(BaseModel):
             if code is None:
                 return True
             try:
-                return bool(eval(code, {"__builtins__": __builtins__}, {"episode": episode}))  # the user's own
+                return bool(eval(code, {}, {"episode": episode}))  # the user's own expression, on their machine
             except Exception as exc:
                 raise ConfigError(f"--where {self.where!r} failed on episode {episode.id}: "
                                   f"{type(exc).__name__}: {exc}") from None
@@ -115,8 +116,8 @@ def _sft_rows(trajectory: Trajectory, group: str, max_seq_len: int | None, overl
 
 
 def sft_rows_from_episodes(source: Path, keep: EpisodeFilter, *, max_seq_len: int | None = None,
-                           overlong: OverlongRule = "truncate", tokenizer: Callable[[], Any] | None = None,
-                           end_of_turn_ids: frozenset[int] = frozenset()) -> tuple[list[TrainRow], Counts]:
+                           overlong: OverlongRule = "truncate", tokenizer: Callable[[], Any] | None = None
+                           ) -> tuple[list[TrainRow], Counts]:
     """Rows of the kept episodes' trajectories (module docstring) and counts of what was read, kept and skipped.
     Calls captured without token ids are rendered from their messages with `tokenizer()` (`rendered_trajectory`)."""
     predicate = keep.predicate()
@@ -137,8 +138,7 @@ def sft_rows_from_episodes(source: Path, keep: EpisodeFilter, *, max_seq_len: in
                 if keep.roles and trajectory.name not in keep.roles:
                     continue
                 if tokenizer is not None and any(not s.trainable and s.messages for s in trajectory.steps):
-                    tok = tokenizer()
-                    trajectory = rendered_trajectory(trajectory, tok, end_of_turn_ids or eos_ids(tok))
+                    trajectory = rendered_trajectory(trajectory, tokenizer(), eos_ids(tokenizer()))
                 rows += _sft_rows(trajectory, episode.id, max_seq_len, overlong, counts)
     return rows, counts
 
@@ -152,32 +152,10 @@ def eos_ids(tokenizer: Any) -> frozenset[int]:
     return frozenset({tokenizer.eos_token_id} if isinstance(tokenizer.eos_token_id, int) else set())
 
 
-def _renderer(tokenizer: Any, tools: list[dict[str, Any]] | None) -> tuple[Any, Callable[..., list[int]]]:
-    """(a function making messages renderable, render(messages, generation_prompt) -> ids) as the policy server
-    renders a request: tools through the template when it shows them, else in the Hermes convention."""
-    from rllm_serve.tool_prompt import content_text, tools_in_messages
-
-    kwargs: dict[str, Any] = {}
-    shown = bool(tools) and "tools" in str(getattr(tokenizer, "chat_template", None) or "")
-    if shown:
-        kwargs["tools"] = tools
-
-    def prepare(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        if tools and not shown:
-            messages = tools_in_messages(messages, tools)
-        return [{**m, "content": content_text(m.get("content"))} for m in messages]
-
-    def render(msgs: list[dict[str, Any]], generation_prompt: bool) -> list[int]:
-        text = tokenizer.apply_chat_template(msgs, tokenize=False, add_generation_prompt=generation_prompt, **kwargs)
-        return list(tokenizer.encode(text, add_special_tokens=False))
-
-    return prepare, render
-
-
-def _chat_step(render: Callable[..., list[int]], before: list[dict[str, Any]], upto: list[dict[str, Any]],
+def _chat_step(renderer: ChatRenderer, before: list[dict[str, Any]], upto: list[dict[str, Any]],
                end_of_turn_ids: frozenset[int], where: str) -> Step | None:
-    """The Step of the last assistant message of `upto` (rendered messages), `before` being those before it."""
-    prompt, full = render(before, True), render(upto, False)
+    """The Step of the last assistant message of `upto` (prepared messages), `before` being those before it."""
+    prompt, full = renderer.ids(before, True), renderer.ids(upto, False)
     if full[: len(prompt)] != prompt:
         raise ChatTemplateMismatch(f"the chat template renders {where} so that the text before it changes (it "
                                    "rewrites earlier turns): its tokens cannot be cut out exactly")
@@ -195,9 +173,9 @@ def chat_trajectory(messages: list[dict[str, Any]], tokenizer: Any, *, tools: li
                     end_of_turn_ids: frozenset[int] = frozenset(), name: str = "sft") -> Trajectory:
     """One Step per assistant message of `messages` (module docstring); logprobs 0 (no sampler: `--loss sft`
     does not use them)."""
-    prepare, render = _renderer(tokenizer, tools)
-    plain = prepare(messages)
-    steps = [_chat_step(render, plain[:i], plain[: i + 1], end_of_turn_ids, f"assistant message {i}")
+    renderer = ChatRenderer(tokenizer, tools)
+    plain = renderer.messages(messages)
+    steps = [_chat_step(renderer, plain[:i], plain[: i + 1], end_of_turn_ids, f"assistant message {i}")
              for i, m in enumerate(plain) if m.get("role") == "assistant"]
     return Trajectory(name=name, steps=[s for s in steps if s is not None])
 
@@ -215,9 +193,9 @@ def rendered_trajectory(trajectory: Trajectory, tokenizer: Any, end_of_turn_ids:
         if step.tool_calls:
             reply["tool_calls"] = step.tool_calls
         tools = step.params.get("tools") if isinstance(step.params.get("tools"), list) else None
-        prepare, render = _renderer(tokenizer, tools)
-        full = prepare([*step.messages, reply])
-        made = _chat_step(render, full[:-1], full, end_of_turn_ids, f"call {k} of trajectory {trajectory.name!r}")
+        renderer = ChatRenderer(tokenizer, tools)
+        full = renderer.messages([*step.messages, reply])
+        made = _chat_step(renderer, full[:-1], full, end_of_turn_ids, f"call {k} of trajectory {trajectory.name!r}")
         if made is not None:
             steps.append(made)
     return trajectory.model_copy(update={"steps": steps})

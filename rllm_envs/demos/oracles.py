@@ -24,6 +24,7 @@ from typing import Any
 from rllm_core.errors import ConfigError
 from rllm_core.types import Task
 from rllm_envs.benchmarks.frozenlake import ACTIONS, FrozenLake, solve
+from rllm_serve.tool_prompt import content_text
 
 __all__ = ["Oracle", "frozenlake_oracle", "harbor_oracle", "oracle_for"]
 
@@ -32,17 +33,10 @@ Oracle = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], dict[str,
 _GRID = re.compile(r"^[SFHGP]+$")
 
 
-def _text(message: dict[str, Any]) -> str:
-    content = message.get("content")
-    if isinstance(content, list):
-        return "".join(str(p.get("text", "")) for p in content if isinstance(p, dict))
-    return str(content or "")
-
-
 def latest_map(messages: list[dict[str, Any]]) -> list[str] | None:
     """The last block of map lines (S F H G P only, equal widths) in the conversation, with P in it."""
     for message in reversed(messages):
-        lines = [line.strip() for line in _text(message).splitlines()]
+        lines = [line.strip() for line in content_text(message.get("content")).splitlines()]
         blocks: list[list[str]] = [[]]
         for line in lines:
             if line and _GRID.match(line):
@@ -88,7 +82,7 @@ def harbor_oracle(tasks: Sequence[Task], explore: bool = False) -> Oracle:
         raise ConfigError("no task of this set has a solution/solve.sh: there is no reference to demonstrate")
 
     def reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
-        asked = "\n".join(_text(m) for m in messages if m.get("role") in ("user", "system"))
+        asked = "\n".join(content_text(m.get("content")) for m in messages if m.get("role") in ("user", "system"))
         script = next((body for instruction, body in scripts if instruction and instruction in asked), None)
         if script is None:
             return {"content": "I cannot tell which task this is."}
