@@ -33,6 +33,7 @@ how often the answer it picked was right), and the x axis is wall-clock minutes 
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -82,12 +83,13 @@ PRESETS: dict[str, dict[str, Any]] = {
                              "max_tokens": 12, "lr": 2e-6, "eval_every": 10, "eval_examples": 100, "eval_attempts": 1,
                              "micro_batch_size": 8, "bf16": False, "minutes": 15, "demos": 300, "sft_epochs": 2,
                              "sft_lr": 2e-5, "out": "benchmarks/results/learning_curve_warmstart_frozenlake"},
-    # issue 33: the terminal agent on the 12 held-out tasks (the train split's 22 references, played as they are and
-    # with a look around first, for SFT; 4 sampled attempts per held-out task: best of 4 and mean success)
+    # issue 33: the terminal agent on the 12 held-out tasks (the train split's 22 references and 4 renamed variants
+    # of each, played as they are and with a look around first, for SFT; 4 sampled attempts per held-out task: best
+    # of 4 and mean success)
     "warmstart-terminal": {"benchmark": "terminal", "max_tokens": 384, "lr": 2e-6, "eval_every": 5,
                            "eval_examples": 12, "eval_attempts": 4, "batch_size": 4, "group_size": 4,
-                           "micro_batch_size": 4, "bf16": False, "minutes": 30, "demos": 22,
-                           "demo_variants": "direct,explore", "sft_epochs": 6, "sft_lr": 2e-5, "sft_batch_size": 4,
+                           "micro_batch_size": 4, "bf16": False, "minutes": 25, "demos": 22, "task_variants": 4,
+                           "demo_variants": "direct,explore", "sft_epochs": 2, "sft_lr": 2e-5, "sft_batch_size": 4,
                            "out": "benchmarks/results/learning_curve_warmstart_terminal"},
     "solver-judge": {"benchmark": "arithmetic", "workflow": "solver-judge", "max_tokens": 12, "lr": 5e-6,
                      "eval_every": 10, "eval_examples": 32, "eval_attempts": 2, "micro_batch_size": 16,
@@ -118,12 +120,34 @@ def warm_start(args: argparse.Namespace, out: Path) -> tuple[Path, dict[str, Any
           "--eval-examples", str(args.eval_examples), "--eval-attempts", str(args.eval_attempts), "--eval-greedy",
           "--max-tokens", str(args.max_tokens), "--temperature", str(args.temperature), "--no-progress", *agent])
     base = read_curve(out / "base")["eval"][0]
+    base["leak_check"] = leak_check(out / "base", [out / f"demos-{v}" for v in variants])
+    renamed = ["--task-variants", str(args.task_variants)] if args.task_variants else []
     spent = sum(_run([*rllm, "demos", args.benchmark, "-n", str(args.demos), "-o", str(out / f"demos-{v}"),
-                      "--variant", v, "--no-progress", *agent]) for v in variants)
+                      "--variant", v, "--no-progress", *renamed, *agent]) for v in variants)
     spent += _run([*rllm, "sft", *(str(out / f"demos-{v}") for v in variants), "--min-reward", "1", "--model",
                    args.model, "--max-seq-len", "4096", "--epochs", str(args.sft_epochs), "--lr", str(args.sft_lr),
                    "--batch-size", str(args.sft_batch_size), "-o", str(out / "sft"), "--no-progress"])
     return out / "sft", base, spent
+
+
+def _instruction_hashes(episodes: Path) -> set[str]:
+    hashes = set()
+    for line in episodes.read_text().splitlines():
+        if line.strip():
+            text = str(json.loads(line)["task"]["instruction"]).strip()
+            hashes.add(hashlib.sha256(text.encode()).hexdigest())
+    return hashes
+
+
+def leak_check(base_run: Path, demo_runs: list[Path]) -> dict[str, int]:
+    """Held-out tasks (the base run's validation episodes) against every demonstrated task, by a hash of the
+    instruction: `shared` must be 0, or the curve measures memorised answers."""
+    held_out = _instruction_hashes(base_run / "episodes" / "eval_step_0.jsonl")
+    shown = set().union(*(_instruction_hashes(run / "episodes.jsonl") for run in demo_runs))
+    shared = len(held_out & shown)
+    if shared:
+        sys.exit(f"{shared} held-out tasks were demonstrated: the warm start would train on them")
+    return {"held_out": len(held_out), "demonstrated": len(shown), "shared": shared}
 
 
 def read_curve(run_dir: Path) -> dict[str, Any]:
@@ -215,6 +239,7 @@ def main() -> None:
     ap.add_argument("--preset", choices=sorted(PRESETS), default=None, help="settings of one of the issue-15 curves")
     ap.add_argument("--demos", type=int, default=0, help="warm start: N reference demos → SFT → RL (docstring)")
     ap.add_argument("--demo-variants", default="direct", help="oracle variants to record, comma-separated")
+    ap.add_argument("--task-variants", type=int, default=0, help="Harbor: N renamed copies of each task demonstrated")
     ap.add_argument("--sft-epochs", type=int, default=2)
     ap.add_argument("--sft-batch-size", type=int, default=8)
     ap.add_argument("--sft-lr", type=float, default=2e-5)

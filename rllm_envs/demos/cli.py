@@ -32,6 +32,7 @@ def demos_command(
     data_dir: Path | None = typer.Option(None, "--data-dir", help="Benchmark files folder."),
     seed: int = typer.Option(0, "--seed", help="Seed for generated benchmarks."),
     variant: str = typer.Option("direct", "--variant", help="direct, or explore (Harbor: `ls -la` first)."),
+    task_variants: int = typer.Option(0, "--task-variants", help="Harbor: also N renamed copies of each task."),
     no_progress: bool = typer.Option(False, "--no-progress", help="No progress bar."),
 ) -> None:
     """Record a benchmark's reference solutions as episodes, played by its agent (for rllm sft)."""
@@ -47,6 +48,10 @@ def demos_command(
                               "tasks; demonstrate the train split")
         bench = get_benchmark(benchmark)
         tasks = bench.load(split, data_dir=str(data_dir) if data_dir else None, max_examples=max_examples, seed=seed)
+        if task_variants:
+            data_dir = _with_variants(bench, tasks, task_variants, output, seed)
+            tasks = bench.load(split, data_dir=str(data_dir), seed=seed)
+            max_examples = None
         with serve_oracle(oracle_for(bench, tasks, variant)) as server:
             given = dict(benchmark=benchmark, split=split, max_examples=max_examples, base_url=server.url,
                          model=ORACLE_MODEL, sandbox=sandbox, concurrency=concurrency, agent=agent, output=output,
@@ -56,5 +61,28 @@ def demos_command(
         typer.secho(f"error: {exc}", fg=typer.colors.RED, err=True)
         raise typer.Exit(2) from None
     print_summary(result.summary)
+    if task_variants:
+        typer.echo(f"tasks demonstrated (originals and renamed variants): {data_dir}")
     run = result.episodes_path.parent
     typer.echo(f"episodes: {result.episodes_path}\nnext: rllm sft {run} --min-reward 1 --model MODEL -o runs/sft")
+
+
+def _with_variants(bench: object, tasks: list, per_task: int, output: Path | None, seed: int) -> Path:
+    """A folder holding the given Harbor tasks and `per_task` renamed variants of each (task_variants.py): under
+    the run directory (`tasks/`), so the run keeps what it demonstrated."""
+    import shutil
+    import tempfile
+
+    from rllm_envs.demos.task_variants import write_variants
+    from rllm_envs.harbor.benchmark import HarborBenchmark
+
+    if not isinstance(bench, HarborBenchmark):
+        raise ConfigError("--task-variants renames the files of Harbor tasks (terminal, harbor:PATH); "
+                          f"{getattr(bench, 'name', bench)!r} has none")
+    root = output / "tasks" if output else Path(tempfile.mkdtemp(prefix="rllm-demo-tasks-"))
+    shutil.rmtree(root, ignore_errors=True)
+    sources = [Path(str(t.metadata["harbor_dir"])) for t in tasks]
+    for src in sources:
+        shutil.copytree(src, root / src.name, symlinks=True)
+    write_variants(sources, root, per_task, seed=seed)
+    return root
