@@ -25,7 +25,7 @@ from rllm_rollout.rollout import Rollout
 if TYPE_CHECKING:
     from rllm_rollout.benchmarks.base import Benchmark
     from rllm_rollout.distributed import RayConnection
-    from rllm_rollout.gateway import GatewayHandle
+    from rllm_rollout.gateway import GatewayHandle, RemoteGateway
 
 __all__ = ["EpisodeBatch", "LocalExecutor", "RayExecutor", "RolloutExecutor", "open_executor"]
 
@@ -34,14 +34,15 @@ __all__ = ["EpisodeBatch", "LocalExecutor", "RayExecutor", "RolloutExecutor", "o
 class EpisodeBatch:
     """One batch of episodes: `rollout` on every task `attempts` times, at most `concurrency` at once.
 
-    Calls go through `gateway` (a gateway in this process: training's, which the backend's replicas sit behind)
-    or, without one, to `base_url` with `api_key` (eval against an endpoint). Episodes come back in task order
+    Calls go through `gateway` (a gateway in this process: training's, which the backend's replicas sit behind; or
+    a `RemoteGateway`, one on a host of its own) or, without one, to `base_url` with `api_key` (eval against an
+    endpoint). Episodes come back in task order
     × attempts, scored by `benchmark` when given; `on_episode` sees each as it finishes."""
 
     rollout: Rollout
     tasks: Sequence[Task]
     model: str = "default"
-    gateway: GatewayHandle | None = None
+    gateway: GatewayHandle | RemoteGateway | None = None
     base_url: str | None = None
     api_key: str | None = None
     attempts: int = 1
@@ -120,8 +121,11 @@ class RayExecutor:
         shared gateway on 127.0.0.1 serves; a cluster with other nodes gets a gateway of its own on every
         interface, behind a random bearer token, at this node's cluster address."""
         from rllm_rollout.distributed import worker_gateway_bind, worker_gateway_client
-        from rllm_rollout.gateway import UpstreamConfig, shared_gateway, start_gateway
+        from rllm_rollout.gateway import RemoteGateway, UpstreamConfig, shared_gateway, start_gateway
 
+        if isinstance(batch.gateway, RemoteGateway):  # a gateway host of its own (`--gateway`): same URL everywhere
+            yield batch.gateway
+            return
         if batch.gateway is not None:
             yield worker_gateway_client(batch.gateway, self.connection)
             return

@@ -58,6 +58,9 @@ def eval_command(
         None, "--ray-address",
         help="Ray cluster for --rollout-workers: 'auto', 'host:port' or 'ray://host:port' (default: a local one).",
     ),
+    gateway: str | None = typer.Option(
+        None, "--gateway", help="Record through this `rllm gateway` (URL; token in $RLLM_GATEWAY_API_KEY).",
+    ),
     reward: str | None = typer.Option(
         None, "--reward", help="Mix the reward: 'em:0.7,judge:0.3' (rule, a grader score, judge) or a preset.",
     ),
@@ -81,7 +84,7 @@ def eval_command(
                  agent=agent, harness=harness, workflow=workflow, output=output, data_dir=data_dir,
                  max_tokens=max_tokens, max_turns=max_turns, temperature=temperature, timeout_s=timeout, seed=seed,
                  progress=not no_progress, rollout_workers=rollout_workers, ray_address=ray_address,
-                 reward=reward, judge=judge, rubric=rubric)
+                 gateway=gateway, reward=reward, judge=judge, rubric=rubric)
     try:
         # An option left out stays unset (not None), so the benchmark's eval_defaults may fill it; a flag wins.
         opts = EvalOptions(**{k: v for k, v in given.items() if v is not None})

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import time
 from pathlib import Path
 from typing import Any
@@ -85,6 +86,9 @@ class EvalOptions(BaseModel):
     """Ray workers to run the episodes in; 0 runs them in this process."""
     ray_address: str | None = None
     """The Ray cluster for rollout_workers ('auto', 'host:port', 'ray://host:port'); None: a local one."""
+    gateway: str | None = None
+    """An `rllm gateway` started elsewhere (its URL, e.g. http://198.18.0.4:8080) that records every call instead
+    of one started here; its token from $RLLM_GATEWAY_API_KEY. The model is its --upstream."""
     reward: str | None = None
     """The reward mixed from parts by weights ('em:0.7,judge:0.3') or a preset's name; None: the benchmark's."""
     judge: str | None = None
@@ -156,6 +160,9 @@ def _check_numbers(opts: EvalOptions) -> None:
     if opts.rollout_workers < 0:
         raise ConfigError(f"--rollout-workers must be 0 or more (got {opts.rollout_workers}); 0 runs the "
                           "episodes in this process")
+    if opts.gateway is not None and (opts.base_url or opts.backend):
+        raise ConfigError(f"--gateway {opts.gateway} sends every call to the gateway's own --upstream: drop "
+                          f"{'--base-url' if opts.base_url else '--backend'}")
     if opts.ray_address is not None and opts.rollout_workers == 0:
         raise ConfigError(f"--ray-address {opts.ray_address} needs --rollout-workers N (how many Ray workers "
                           "run the episodes); without it the episodes run in this process and Ray is not used")
@@ -191,7 +198,9 @@ def run_eval(opts: EvalOptions, console: Console | None = None) -> EvalResult:
     config = opts.model_dump(mode="json", exclude={"api_key"})
     if recommended:
         config["benchmark_defaults"] = dict(recommended)
-    with open_endpoint(opts.base_url, opts.model, opts.api_key, backend=opts.backend) as endpoint:
+    remote = _remote_gateway(opts.gateway)
+    base_url, api_key = (f"{remote.url}/v1", remote.client_api_key) if remote else (opts.base_url, opts.api_key)
+    with open_endpoint(base_url, opts.model, api_key, backend=opts.backend) as endpoint:
         out = _output_dir(opts)
         episodes_path, summary_path = out / "episodes.jsonl", out / "summary.json"
         config.update(temperature=temperature, rollout=rollout.name, endpoint_source=endpoint.source)
@@ -208,7 +217,7 @@ def run_eval(opts: EvalOptions, console: Console | None = None) -> EvalResult:
         ray_stats: dict[str, Any] | None = None
         failure: str | None = "interrupted"
         try:
-            batch = EpisodeBatch(rollout, tasks, model=endpoint.model, base_url=endpoint.base_url,
+            batch = EpisodeBatch(rollout, tasks, model=endpoint.model, base_url=endpoint.base_url, gateway=remote,
                                  api_key=endpoint.api_key, attempts=opts.attempts, concurrency=opts.concurrency,
                                  sampling=sampling, benchmark=bench, timeout_s=opts.timeout_s,
                                  progress=opts.progress, on_episode=save,
@@ -236,6 +245,17 @@ def run_eval(opts: EvalOptions, console: Console | None = None) -> EvalResult:
             writer.close()
             run.stop(failure)
     return EvalResult(summary=summary, output_dir=out, episodes_path=episodes_path, summary_path=summary_path)
+
+
+def _remote_gateway(url: str | None) -> Any:
+    """The `--gateway` client (token from $RLLM_GATEWAY_API_KEY, as `rllm gateway` reads it), or None."""
+    if url is None:
+        return None
+    from rllm_rollout.gateway import RemoteGateway
+
+    if not url.startswith(("http://", "https://")):
+        raise ConfigError(f"--gateway {url!r} must be the gateway's URL, like http://HOST:8080")
+    return RemoteGateway(url.rstrip("/").removesuffix("/v1"), api_key=os.environ.get("RLLM_GATEWAY_API_KEY"))
 
 
 def _summary_record(summary: EvalSummary) -> dict[str, Any]:

@@ -161,6 +161,7 @@ class SqliteStore:
                         self._bump("evicted_sessions", 1, f"more than {self.limits.max_sessions} open sessions: "
                                                           f"the least recently active ({sid}, {n} step(s)) is dropped")
             self._db.executemany("INSERT INTO steps (session_id, data) VALUES (?, ?)", rows)
+            self._bump("recorded_steps", len(rows))
             if session_id == DEFAULT_SESSION:
                 (n,) = self._db.execute("SELECT n_steps FROM sessions WHERE id = ?", (session_id,)).fetchone()
                 excess = n - self.limits.max_default_steps

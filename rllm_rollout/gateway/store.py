@@ -78,9 +78,12 @@ class StoreStats(BaseModel):
     forgotten_closed: int = 0
     """Tombstones dropped beyond `max_closed` (a late step for one of them would open a new session)."""
     retried_takes: int = 0
+    recorded_steps: int = 0
+    """Steps accepted since the store was created, taken ones included (late ones not): what a run's episodes,
+    with their steps, should add up to."""
 
 
-COUNTERS = ("late_steps", "expired_sessions", "expired_steps", "evicted_sessions", "evicted_steps",
+COUNTERS = ("recorded_steps", "late_steps", "expired_sessions", "expired_steps", "evicted_sessions", "evicted_steps",
             "default_dropped_steps", "forgotten_closed", "retried_takes")
 
 
@@ -215,6 +218,7 @@ class MemoryStore:
                 s.last = now
             s.steps.extend(steps)
             self._n_steps += len(steps)
+            self._counts["recorded_steps"] += len(steps)
             excess = len(s.steps) - self.limits.max_default_steps
             if session_id == DEFAULT_SESSION and excess > 0:
                 del s.steps[:excess]
