@@ -52,14 +52,19 @@ def serve_command(
     swap_mode: str = typer.Option("finish", "--swap-mode",
                                   help="What a weight update does to requests in flight (torch engine): finish "
                                        "them on the old weights (kept in a copy), or resume them on the new ones."),
+    admin_token: str | None = typer.Option(None, "--admin-token", envvar="RLLM_SERVE_ADMIN_TOKEN",
+                                           help="Accept new weights (PUT /admin/weights) from a trainer that "
+                                                "sends this token (torch engine)."),
 ) -> None:
     """Serve a model OpenAI-compatibly with token ids and logprobs, for rollouts and training."""
     console = Console(stderr=True, soft_wrap=True)  # one line per message, even piped (no wrap at 80 columns)
     try:
         if swap_mode not in ("finish", "resume"):
             raise ConfigError(f"--swap-mode must be finish or resume, got {swap_mode!r}")
+        if admin_token is not None and engine is Engine.vllm:
+            raise ConfigError("--admin-token is the torch engine's weight route; vLLM takes weights its own way")
         handle = _start(model, host, port, engine, threads, max_batch_size, dtype, device, vllm_arg, console,
-                        kv_cache_gb, swap_mode)
+                        kv_cache_gb, swap_mode, admin_token)
     except RLLMError as exc:
         console.print(f"[red]rllm serve: {escape(str(exc))}[/red]", highlight=False)  # "rllm[x]" is no tag
         raise typer.Exit(2) from None
@@ -78,7 +83,8 @@ def serve_command(
 
 def _start(model: str, host: str, port: int, engine: Engine, threads: int | None, max_batch_size: int | None,
            dtype: DType | None, device: str, vllm_args: list[str], console: Console,
-           kv_cache_gb: float | None = None, swap_mode: str = "finish") -> RunningPolicyServer | VLLMServer:
+           kv_cache_gb: float | None = None, swap_mode: str = "finish",
+           admin_token: str | None = None) -> RunningPolicyServer | VLLMServer:
     if engine is Engine.vllm:
         from rllm_serve.vllm import VLLMServer
 
@@ -103,7 +109,7 @@ def _start(model: str, host: str, port: int, engine: Engine, threads: int | None
         loaded = load_model(model, dtype=chosen, device=device)
     return start_policy_server(loaded, host=host, port=port, max_batch_size=max_batch_size or 32, threads=threads,
                                kv_cache_gb=kv_cache_gb, swap_mode=swap_mode,  # type: ignore[arg-type]
-                               own_model=True)
+                               own_model=True, admin_token=admin_token or None)
 
 
 @hookimpl

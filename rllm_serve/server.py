@@ -19,6 +19,7 @@ from rllm_core.threaded_app import ThreadedApp
 from rllm_serve.app import check_default_adapter, engine_adapters, make_app
 from rllm_serve.engine import DecodeEngine, SwapMode
 from rllm_serve.models import LoadedModel, load_model
+from rllm_serve.weights_route import add_weights_route
 
 __all__ = ["RunningPolicyServer", "start_policy_server"]
 
@@ -27,7 +28,7 @@ class RunningPolicyServer:
     """A policy server running in this process; a context manager that stops it on exit."""
 
     def __init__(self, engine: DecodeEngine, model_name: str, host: str, port: int,
-                 default_adapter: str | None = None) -> None:
+                 default_adapter: str | None = None, admin_token: str | None = None) -> None:
         if model_name in engine_adapters(engine):
             raise ConfigError(f"an adapter is named {model_name!r}, the name the base model is served as, so the "
                               "base could not be asked for; rename the adapter or serve the model under another name")
@@ -36,8 +37,14 @@ class RunningPolicyServer:
         self.model_name = model_name
         self.default_adapter = default_adapter
         self.host = host
-        self._http = ThreadedApp(lambda: make_app(self.engine, self.model_name, self.default_adapter), host, port,
-                                 name="rllm-policy-http", handler_cancellation=True)
+        self._http = ThreadedApp(lambda: self._app(admin_token), host, port, name="rllm-policy-http",
+                                 handler_cancellation=True)
+
+    def _app(self, admin_token: str | None) -> Any:
+        app = make_app(self.engine, self.model_name, self.default_adapter)
+        if admin_token:  # a trainer on another host may push weights (weights_route.py)
+            add_weights_route(app, self.engine, admin_token)
+        return app
 
     @property
     def url(self) -> str:
@@ -114,7 +121,8 @@ class RunningPolicyServer:
 def start_policy_server(model: str | LoadedModel = "smollm2-135m", host: str = "127.0.0.1", port: int = 0,
                         max_batch_size: int = 32, threads: int | None = None,
                         default_adapter: str | None = None, kv_cache_gb: float | None = None,
-                        swap_mode: SwapMode = "finish", own_model: bool | None = None) -> RunningPolicyServer:
+                        swap_mode: SwapMode = "finish", own_model: bool | None = None,
+                        admin_token: str | None = None) -> RunningPolicyServer:
     """Load `model` (a name/path, or an already loaded one) and serve it OpenAI-compatibly on host:port.
 
     port 0 picks a free port (see `.url`). Decoding runs on its own thread with up to `max_batch_size`
@@ -133,9 +141,11 @@ def start_policy_server(model: str | LoadedModel = "smollm2-135m", host: str = "
     model itself (a name or path), False for a LoadedModel, whose `.model` keeps its dense weights and stays
     usable: its packed linear layers answer its own forward calls too, and an in-place change of their weights
     (`load_state_dict`, an optimizer step) is repacked before the next use.
+
+    `admin_token`: serve `PUT /admin/weights` behind it, for a trainer on another host (weights_route.py).
     """
     loaded = model if isinstance(model, LoadedModel) else load_model(model)
     engine = DecodeEngine(loaded, max_batch_size=max_batch_size, threads=threads, kv_cache_gb=kv_cache_gb,
                           swap_mode=swap_mode,
                           own_model=not isinstance(model, LoadedModel) if own_model is None else own_model)
-    return RunningPolicyServer(engine, loaded.name, host, port, default_adapter).start()
+    return RunningPolicyServer(engine, loaded.name, host, port, default_adapter, admin_token).start()

@@ -151,6 +151,10 @@ class TrainConfig(BaseModel):
     started for the run and stopped after it."""
     ray_address: str | None = None
     """An existing Ray cluster for --rollout-workers ('auto', 'HOST:PORT' or 'ray://HOST:PORT')."""
+    gateway: str | None = None
+    """An `rllm gateway` on a host of its own (its URL) that records every rollout call, instead of one started
+    here; its token in $RLLM_GATEWAY_API_KEY, its --upstream the policy server (local backend: backend_options
+    policy_server, the same server)."""
     # optimiser
     lr: float = Field(1e-6, gt=0)
     """AdamW learning rate (peak, after warm-up)."""
@@ -259,6 +263,8 @@ class TrainConfig(BaseModel):
         if self.ray_address and not self.rollout_workers and self.backend == "local":
             raise ValueError(f"--ray-address {self.ray_address} is only used with --rollout-workers N (N ≥ 1) or a "
                              "backend that trains on a Ray cluster (--backend verl): add one, or drop --ray-address")
+        if self.gateway and not self.gateway.startswith(("http://", "https://")):
+            raise ValueError(f"--gateway {self.gateway!r} must be the gateway's URL, like http://HOST:8080")
         if self.workflow == "none" and not self.agent:
             raise ValueError("workflow 'none' runs your agent as the whole episode: pass --agent module:function")
         if self.named_workflow and self.agent:

@@ -48,7 +48,7 @@ _PANELS: dict[str, tuple[str, ...]] = {
     "Asynchronous and off-policy": ("max_staleness", "stale_rows", "rollout_is", "rollout_is_threshold"),
     "Batch and sampling": ("group_size", "batch_size", "micro_batch_size", "max_seq_len", "overlong", "temperature",
                            "top_p", "max_tokens", "concurrency", "episode_timeout_s"),
-    "Distributed (Ray)": ("rollout_workers", "ray_address"),
+    "Distributed (Ray)": ("rollout_workers", "ray_address", "gateway"),
     "Optimizer": ("lr", "weight_decay", "warmup_steps", "lr_schedule", "max_grad_norm"),
     "On disk": ("output", "save_every", "keep_checkpoints", "save_episodes"),
 }

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import secrets
 from collections.abc import Sequence
 from typing import Any
 
 from rllm_core.types import Episode, Task
 from rllm_rollout.executor import EpisodeBatch, RayExecutor, RolloutExecutor, open_executor
+from rllm_rollout.gateway.client import RemoteGateway
 from rllm_rollout.rollout import Rollout, derive_seed
 from rllm_train.backend import Backend, PolicyEndpoint
 from rllm_train.config import TrainConfig
@@ -54,14 +56,20 @@ class RolloutStage:
 
     def __exit__(self, *exc: Any) -> None:
         if self._gateway is not None:
-            self._gateway.stop()
+            self._gateway.close() if isinstance(self._gateway, RemoteGateway) else self._gateway.stop()
             self._gateway = None
         self._stack.close()
 
     def _gateway_for(self, endpoint: PolicyEndpoint) -> Any:
-        """The run's gateway, pointed at the endpoint's replicas (started on first use)."""
+        """The run's gateway, pointed at the endpoint's replicas (started on first use); or with --gateway the
+        one on its own host, whose --upstream was set where it runs."""
         from rllm_rollout.gateway import start_gateway
 
+        if self.config.gateway:
+            if self._gateway is None:
+                url = self.config.gateway.rstrip("/").removesuffix("/v1")
+                self._gateway = RemoteGateway(url, api_key=os.environ.get("RLLM_GATEWAY_API_KEY"))
+            return self._gateway
         upstreams = endpoint.upstream_configs()
         if self._gateway is None:  # loopback, unless the executor's workers on other nodes must reach it
             assert self.executor is not None, "use the RolloutStage as a context manager"

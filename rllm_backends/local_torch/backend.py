@@ -20,8 +20,10 @@ from pathlib import Path
 from typing import Any
 
 from rllm_backends.local_torch.options import LocalOptions, thread_budgets
+from rllm_backends.local_torch.remote_server import connect_remote_server, push_weights, reconcile_remote_server
 from rllm_core.errors import TrainingError
 from rllm_serve.heap import release_free_memory
+from rllm_serve.weights_route import RemotePolicyServer
 from rllm_train.backend import BackendBase, BackendCapabilities, PolicyEndpoint, parse_backend_options
 from rllm_train.config import TrainConfig
 from rllm_train.packing import TrainRow
@@ -66,13 +68,19 @@ class LocalTorchBackend(BackendBase):
         check_device(config.device)  # before loading anything: a bad --device is one line, not a traceback
         self.config = config
         options = parse_backend_options(LocalOptions, config.backend_options, "local")
-        server_threads = self._plan_threads(options, config.max_staleness, torch.get_num_threads())
+        server_threads = (None if options.policy_server
+                          else self._plan_threads(options, config.max_staleness, torch.get_num_threads()))
         torch.manual_seed(config.seed)
         _quiet_transformers()  # its "Loading weights" bar would cut into the training display
         loaded = self._loaded or load_model(config.model, dtype=torch.float32, device=config.device)
         serve_copy = copy.copy(loaded)
         pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
         self.tokenizer = loaded.tokenizer
+        if options.policy_server:  # rollouts on another host's server (remote_server.py): it gets our weights
+            self.trainer = TorchTrainer(loaded.model, config, pad_token_id=int(pad))
+            self.server = connect_remote_server(options.policy_server, config)
+            self.policy_version = self._push(self.trainer.serving_state_dict(), version=0)
+            return
         if config.roles:  # the server serves the trainer's own PeftModel: built first, then copied
             self.trainer = TorchTrainer(loaded.model, config, pad_token_id=int(pad))
             serve_copy.model = copy.deepcopy(self.trainer.model).eval().requires_grad_(False)
@@ -108,7 +116,13 @@ class LocalTorchBackend(BackendBase):
         self._require()
         return PolicyEndpoint(base_url=self.server.base_url, model=self.server.model_name,
                               policy_version=self.policy_version, tokenizer=self.tokenizer, exact_turns=True,
+                              inject_token_ids=True,  # our own server, on this host or another
                               role_models=role_models(self.config.roles) if self.config else {})
+
+    def before_rollouts(self) -> None:
+        """A policy server on another host that restarted serves its base weights again: push ours back first."""
+        if isinstance(self.server, RemotePolicyServer):
+            reconcile_remote_server(self.server, self.trainer, self.policy_version)
 
     def train_step(self, rows: Sequence[TrainRow]) -> dict[str, float]:
         self._require()
@@ -117,7 +131,8 @@ class LocalTorchBackend(BackendBase):
         # engine declines for a peft server, --roles, whose updates carry only the adapters)
         # with --max-staleness the server samples the next steps meanwhile: it keeps its weights
         asynchronous = bool(self.config and self.config.max_staleness)
-        released = False if asynchronous else self.server.engine.release_weights()
+        remote = isinstance(self.server, RemotePolicyServer)
+        released = False if asynchronous or remote else self.server.engine.release_weights()
         release_free_memory()  # what the rollouts freed: the update's peak then starts from what is held
         if self.trainer_threads:  # this thread's OpenMP team (the loop calls it from a worker thread when async)
             import torch
@@ -129,7 +144,7 @@ class LocalTorchBackend(BackendBase):
             metrics = self.trainer.train_step(rows)
         except BaseException:
             if released:  # the update failed and left the weights as they were: serve them again, same version
-                self.server.update_weights(self.trainer.serving_state_dict(), version=self.policy_version)
+                self._push(self.trainer.serving_state_dict(), version=self.policy_version)
             raise
         finally:
             if self.server_threads_while_training:
@@ -145,7 +160,7 @@ class LocalTorchBackend(BackendBase):
 
     def sync_weights(self) -> int:
         self._require()
-        self.policy_version = int(self.server.update_weights(self.trainer.serving_state_dict()))
+        self.policy_version = self._push(self.trainer.serving_state_dict())
         release_free_memory()
         return self.policy_version
 
@@ -161,7 +176,13 @@ class LocalTorchBackend(BackendBase):
         self.trainer.load(path)
         state_file = Path(path) / "local_backend.json"
         saved = json.loads(state_file.read_text()).get("policy_version") if state_file.is_file() else None
-        self.policy_version = int(self.server.update_weights(self.trainer.serving_state_dict(), version=saved))
+        self.policy_version = self._push(self.trainer.serving_state_dict(), version=saved)
+
+    def _push(self, state_dict: Any, version: int | None = None) -> int:
+        """New weights into the server: in this process, or over HTTP to another host's (waiting out a restart)."""
+        if isinstance(self.server, RemotePolicyServer):
+            return push_weights(self.server, state_dict, version=version)
+        return int(self.server.update_weights(state_dict, version=version))
 
     def shutdown(self) -> None:
         if self.server is not None:

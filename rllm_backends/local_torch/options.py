@@ -31,6 +31,9 @@ class LocalOptions(BaseModel):
     """torch threads of the policy server's engine (default: torch's; with --max-staleness, half the cores)."""
     trainer_threads: int | None = None
     """torch threads of the update (default: torch's; with --max-staleness, the cores the server does not get)."""
+    policy_server: str | None = None
+    """An `rllm serve --admin-token` on another host (its URL): rollouts sample there and every step's weights are
+    pushed to it (PUT /admin/weights, token from $RLLM_SERVE_ADMIN_TOKEN). None: a server in this process."""
 
     @field_validator("micro_batch_tokens", "server_threads", "trainer_threads", mode="before")
     @classmethod
