@@ -15,17 +15,21 @@ __all__ = ["REASONS", "RewardReason", "RewardResult"]
 RewardReason = Literal[
     "correct", "wrong_answer", "no_answer_extracted", "format_error", "truncated", "timeout", "error",
     "verifier_error", "sandbox_error", "context_exceeded", "resource_limit", "harness_error", "judge_error",
+    "bad_input",
 ]
 REASONS: tuple[str, ...] = (
     "correct", "wrong_answer", "no_answer_extracted", "format_error", "truncated", "timeout", "error",
     "verifier_error", "sandbox_error", "context_exceeded", "resource_limit", "harness_error", "judge_error",
+    "bad_input",
 )
 """`verifier_error` / `sandbox_error`: a sandboxed task's verifier wrote no usable reward / its sandbox failed;
 `context_exceeded`: a multi-turn episode outgrew the model's context before it answered right;
 `resource_limit`: graded code ran into its memory, process or disk limit (counted over its whole process tree);
 `harness_error`: a CLI agent run as the episode's agent (rllm_core.harness) failed to start or exited at once;
 `judge_error`: an LLM judge of the reward timed out, failed or gave no verdict that could be read (the episode is
-not trained on: its reward is unknown, not 0)."""
+not trained on: its reward is unknown, not 0);
+`bad_input`: the model server refused the episode's input with HTTP 400 (an image sent to a text-only model, a
+corrupt, oversized or unreachable image): the run goes on, the episode has no sample to train."""
 
 
 class RewardResult(BaseModel):

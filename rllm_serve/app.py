@@ -109,6 +109,7 @@ class _Handlers:
                            f"(GET /v1/models lists it)", status=404, param="model")
 
     def _chat_prompt(self, req: ChatRequest) -> list[int]:
+        refuse_media(req.messages, self.model_name, getattr(self.engine.loaded, "processor", None))
         # a template without tools gets them in the Hermes convention, written into the messages
         renderer = ChatRenderer(self.tokenizer, req.tools, req.chat_template_kwargs)
         messages = renderer.messages(list(req.messages))
@@ -296,6 +297,24 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
     except Exception as exc:
         log.exception("request failed")
         return _error(500, f"internal error: {type(exc).__name__}: {exc}")
+
+
+MEDIA_PARTS = ("image_url", "input_image", "image", "input_audio", "audio", "video_url", "file")
+"""Content parts that are not text: a model without a processor for them must refuse them, never drop them."""
+
+
+def refuse_media(messages: list[dict[str, Any]], model_name: str, processor: Any = None) -> None:
+    """A 400 naming the first non-text part, when the served model reads text only (dropping the image and
+    answering anyway would record a sample of another question)."""
+    if processor is not None:
+        return
+    for i, message in enumerate(messages):
+        content = message.get("content")
+        for part in content if isinstance(content, list) else ():
+            kind = part.get("type") if isinstance(part, dict) else None
+            if kind in MEDIA_PARTS:
+                raise RequestError(f"model {model_name!r} reads text only, and message {i} has an {kind!r} part; "
+                                   "serve a vision-language model for images", param="messages")
 
 
 def engine_adapters(engine: Any) -> tuple[str, ...]:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from rllm_core.runs.layout import INDEX_SUFFIX
+from rllm_core.runs.media import externalize_media, media_dir_for
 
 __all__ = ["EpisodeIndex", "EpisodeWriter", "episode_summary", "index_path", "write_episodes"]
 
@@ -68,16 +69,16 @@ def episode_summary(ep: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-def _line(ep: Any) -> bytes:
+def _line(ep: Any, media_dir: Path) -> bytes:
     if isinstance(ep, bytes):
-        return ep.rstrip(b"\n") + b"\n"
-    if isinstance(ep, str):
-        text = ep
+        text = ep.decode("utf-8").rstrip("\n")
+    elif isinstance(ep, str):
+        text = ep.rstrip("\n")
     elif isinstance(ep, dict):
         text = json.dumps(ep)
     else:
         text = ep.model_dump_json()  # an rllm Episode (not imported: this module stays pydantic-free)
-    return text.encode("utf-8") + b"\n"
+    return externalize_media(text, media_dir).encode("utf-8") + b"\n"  # images: once, under <run>/media
 
 
 class EpisodeWriter:
@@ -85,8 +86,9 @@ class EpisodeWriter:
     every finished episode. The episode line is written before its index line, so the sidecar never points past
     the data. `with EpisodeWriter(path) as w: w.write(episode)`; thread-safe."""
 
-    def __init__(self, path: str | Path) -> None:
+    def __init__(self, path: str | Path, media_dir: str | Path | None = None) -> None:
         self.path = Path(path)
+        self.media_dir = Path(media_dir) if media_dir is not None else media_dir_for(self.path)
         self.index_path = index_path(self.path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._data = open(self.path, "wb")  # noqa: SIM115 - closed in close()
@@ -97,7 +99,7 @@ class EpisodeWriter:
 
     def write(self, episode: Any) -> dict[str, Any]:
         """Append one Episode (or its JSON text / dict); returns its sidecar line."""
-        line = _line(episode)
+        line = _line(episode, self.media_dir)
         with self._lock:
             self._data.write(line)
             self._data.flush()

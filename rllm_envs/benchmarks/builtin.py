@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rllm_envs.benchmarks.arithmetic import arithmetic_benchmarks
 from rllm_envs.benchmarks.frozenlake import FrozenLake
+from rllm_envs.benchmarks.geometry_figures import GeometryFigures
 from rllm_envs.benchmarks.hub_sets import hub_benchmarks
 from rllm_envs.benchmarks.humaneval import HumanEval
 from rllm_envs.benchmarks.math_sets import math_benchmarks
@@ -22,5 +23,6 @@ def builtin_benchmarks() -> list[Benchmark]:
         FrozenLake(4),
         FrozenLake(8),
         *arithmetic_benchmarks(),
+        GeometryFigures(),  # images in the prompt, drawn offline
         *reasoning_gym_benchmarks(),
     ]

@@ -113,6 +113,9 @@ class Benchmark(ABC):
         if episode.termination_reason == "timeout":
             return RewardResult.fail("timeout", note=episode.error or "")
         if episode.error is not None or episode.termination_reason in ("error", "cancelled"):
+            refused = next((s.error for s in episode.steps if s.error and "HTTP 400" in s.error), None)
+            if refused is not None:  # the server refused what it was sent: the input, not the agent, is at fault
+                return RewardResult.fail("bad_input", note=refused[-500:])
             return RewardResult.fail("error", note=(episode.error or "")[-500:])
         result = self.score_response(task, response_text(episode), last_finish_reason(episode))
         return context_exceeded_result(episode, result)

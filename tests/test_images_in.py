@@ -1,0 +1,92 @@
+"""Images in (issue 35, first part): the generated geometry benchmark, a run's media store (images once, by
+content, never base64 in episodes), and a text-only model refusing an image by name (`bad_input`), never
+answering without it."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+
+import pytest
+
+from rllm_core.runs.episodes import EpisodeWriter
+from rllm_core.runs.media import MEDIA_SCHEME, externalize_media, inline_media, media_bytes
+from rllm_envs.benchmarks import get_benchmark
+from rllm_envs.benchmarks.geometry_figures import KINDS, draw_figure, image_part
+from rllm_envs.eval.runner import EvalOptions, run_eval
+from rllm_serve.app import refuse_media
+from rllm_serve.protocol import RequestError
+
+
+def _png(task_messages: list[dict]) -> bytes:
+    url = task_messages[0]["content"][1]["image_url"]["url"]
+    assert url.startswith("data:image/png;base64,")
+    return base64.b64decode(url.split(",", 1)[1])
+
+
+def test_geometry_figures_are_drawn_offline_with_computed_answers_and_disjoint_splits() -> None:
+    from PIL import Image
+
+    bench = get_benchmark("geometry-figures")
+    test, train = bench.load("test"), bench.load("train", max_examples=400)
+    assert len(test) == 200 and {t.metadata["kind"] for t in test} == set(KINDS)
+    key = [(t.metadata["kind"], json.dumps(t.metadata["values"], sort_keys=True)) for t in test]
+    assert not set(key) & {(t.metadata["kind"], json.dumps(t.metadata["values"], sort_keys=True)) for t in train}
+    for task in test[:10]:
+        text = task.instruction[0]["content"][0]["text"]
+        values = task.metadata["values"]
+        assert not any(str(v) in text for v in values.values() if isinstance(v, int))  # numbers only in the image
+        image = Image.open(io.BytesIO(_png(task.instruction)))
+        assert image.size == (320, 240)
+        assert bench.grade(task, f"x = {task.ground_truth}").is_correct
+        assert not bench.grade(task, str(int(task.ground_truth) + 1)).is_correct
+    right = next(t for t in test if t.metadata["kind"] == "right_triangle")
+    a, b = right.metadata["values"]["a"], right.metadata["values"]["b"]
+    assert int(right.ground_truth) ** 2 == a * a + b * b
+    assert draw_figure("circle", {"r": 5}) == draw_figure("circle", {"r": 5})  # deterministic bytes
+
+
+def test_a_runs_images_are_stored_once_by_content_and_read_back(tmp_path: Path) -> None:
+    png = draw_figure("rectangle", {"w": 3, "h": 4})
+    part = image_part(png)
+    anthropic = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                             "data": base64.b64encode(png).decode()}}
+    episode = {"task": {"instruction": [{"role": "user", "content": [part]}]},
+               "trajectories": [{"steps": [{"messages": [{"role": "user", "content": [part]}]},
+                                           {"messages": [{"role": "user", "content": [anthropic]}]}]}]}
+    with EpisodeWriter(tmp_path / "run" / "episodes.jsonl") as writer:
+        writer.write(episode)
+        writer.write(json.dumps(episode))
+    text = (tmp_path / "run" / "episodes.jsonl").read_text()
+    assert "base64," not in text and base64.b64encode(png).decode()[:40] not in text
+    stored = list((tmp_path / "run" / "media").iterdir())
+    assert len(stored) == 1 and stored[0].read_bytes() == png  # six mentions, one file
+    ref = json.loads(text.splitlines()[0])["task"]["instruction"][0]["content"][0]["image_url"]["url"]
+    assert ref.startswith(MEDIA_SCHEME) and media_bytes(ref, tmp_path / "run" / "media") == png
+    assert inline_media(json.loads(text.splitlines()[0]), tmp_path / "run" / "media") == episode
+    train_media = tmp_path / "train" / "media"
+    with EpisodeWriter(tmp_path / "train" / "episodes" / "step_1.jsonl") as writer:
+        writer.write(episode)
+    assert [p.name for p in train_media.iterdir()] == [stored[0].name]  # a train run's media sit at its root
+    plain = json.dumps({"task": {"instruction": "2 + 2"}})
+    assert externalize_media(plain, tmp_path / "x") == plain and not (tmp_path / "x").exists()
+
+
+def test_a_text_only_model_refuses_an_image_by_name() -> None:
+    messages = [{"role": "user", "content": [{"type": "text", "text": "what?"},
+                                             image_part(draw_figure("circle", {"r": 2}))]}]
+    with pytest.raises(RequestError, match=r"reads text only.*'image_url'"):
+        refuse_media(messages, "smollm2-135m")
+    refuse_media(messages, "smolvlm", processor=object())  # a model with a processor takes it
+    refuse_media([{"role": "user", "content": [{"type": "text", "text": "x"}]}], "m")  # text parts are text
+
+
+def test_an_image_for_a_text_only_model_is_a_bad_input_episode_not_a_crash(tmp_path: Path) -> None:
+    result = run_eval(EvalOptions(benchmark="geometry-figures", max_examples=3, model="tiny-random",
+                                  output=tmp_path / "run", progress=False))
+    assert result.summary.reasons == {"bad_input": 3}
+    episodes = [json.loads(line) for line in result.episodes_path.read_text().splitlines()]
+    assert all("reads text only" in e["error"] for e in episodes)
+    assert len(list((tmp_path / "run" / "media").iterdir())) == 3  # the task images, stored once each
