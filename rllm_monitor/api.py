@@ -28,6 +28,7 @@ import asyncio
 import concurrent.futures
 import functools
 import math
+import re
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -277,8 +278,22 @@ def _handlers(state: ViewState) -> dict[str, Callable[[web.Request], Any]]:
         reasons = sorted({r for s in steps for r in s.reasons})
         return web.json_response({"reasons": reasons, "steps": [s.model_dump() for s in steps]}, dumps=_json_text)
 
+    async def media(request: web.Request) -> web.StreamResponse:
+        """One stored image of the run (`<run>/media/<sha256>.<ext>`), by the name a step's message gives."""
+        reader = state.reader(request)
+        name = request.query.get("name") or ""
+        if not _MEDIA_NAME.match(name):
+            raise ApiError(400, f"name={name[:80]!r}: give a stored image's name, <sha256>.<png|jpg|gif|webp>")
+        path = reader.path / "media" / name
+        if not path.is_file():
+            raise ApiError(404, f"the run has no stored image {name}")
+        return web.FileResponse(path, headers={"Cache-Control": "max-age=86400", "X-Content-Type-Options": "nosniff"})
+
     return {"runs": runs, "metrics": metrics, "config": config, "log": log_tail, "files": files,
-            "episodes": episodes, "episode": episode, "groups": groups, "diagnosis": diagnosis}
+            "episodes": episodes, "episode": episode, "groups": groups, "diagnosis": diagnosis, "media": media}
+
+
+_MEDIA_NAME = re.compile(r"^[0-9a-f]{64}\.(png|jpg|gif|webp)$")
 
 
 def add_routes(app: web.Application, state: ViewState) -> None:

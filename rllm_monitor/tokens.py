@@ -15,6 +15,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from rllm_core.runs.media import MEDIA_SCHEME
+
 __all__ = ["MAX_TEXT", "TokenizerCache", "render_episode"]
 
 log = logging.getLogger("rllm.monitor")
@@ -96,11 +98,28 @@ def _token_texts(tokenizer: Any, ids: list[int]) -> list[str | None]:
         return [None] * len(ids)
 
 
+def _images(content: Any) -> list[str]:
+    """The run's stored images a message shows (`rllm-media://` references; rllm_core.runs.media), in order.
+    Other URLs are not fetched by the page (it loads nothing from outside the viewed folder)."""
+    refs: list[str] = []
+    for part in content if isinstance(content, list) else ():
+        if not isinstance(part, Mapping):
+            continue
+        url = part.get("image_url")
+        url = url.get("url") if isinstance(url, Mapping) else url
+        source = part.get("source") if isinstance(part.get("source"), Mapping) else {}
+        for ref in (url, source.get("data")):
+            if isinstance(ref, str) and ref.startswith(MEDIA_SCHEME):
+                refs.append(ref[len(MEDIA_SCHEME):])
+    return refs
+
+
 def _render_step(step: Mapping[str, Any], tokenizer: Any) -> dict[str, Any]:
     messages = []
     for m in step.get("messages") or []:
         text, truncated = _cut(_content_text(m.get("content")))
         messages.append({"role": m.get("role"), "content": text, "truncated": truncated,
+                         **({"images": images} if (images := _images(m.get("content"))) else {}),
                          **({"tool_calls": _cut_deep(m["tool_calls"])} if m.get("tool_calls") else {})})
     completion, completion_cut = _cut(step.get("text") or "")
     ids = list(step.get("completion_token_ids") or [])

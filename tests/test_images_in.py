@@ -9,6 +9,7 @@ import io
 import json
 from pathlib import Path
 
+import httpx
 import pytest
 
 from rllm_core.runs.episodes import EpisodeWriter
@@ -16,6 +17,7 @@ from rllm_core.runs.media import MEDIA_SCHEME, externalize_media, inline_media, 
 from rllm_envs.benchmarks import get_benchmark
 from rllm_envs.benchmarks.geometry_figures import KINDS, draw_figure, image_part
 from rllm_envs.eval.runner import EvalOptions, run_eval
+from rllm_monitor.server import start_view_server
 from rllm_serve.app import refuse_media
 from rllm_serve.protocol import RequestError
 
@@ -89,4 +91,14 @@ def test_an_image_for_a_text_only_model_is_a_bad_input_episode_not_a_crash(tmp_p
     assert result.summary.reasons == {"bad_input": 3}
     episodes = [json.loads(line) for line in result.episodes_path.read_text().splitlines()]
     assert all("reads text only" in e["error"] for e in episodes)
-    assert len(list((tmp_path / "run" / "media").iterdir())) == 3  # the task images, stored once each
+    stored = sorted(p.name for p in (tmp_path / "run" / "media").iterdir())
+    assert len(stored) == 3  # the task images, stored once each
+    with start_view_server(tmp_path / "run") as server, httpx.Client(base_url=server.url, timeout=60) as client:
+        file = client.get("/api/files", params={"run": "."}).json()["files"][0]["name"]
+        shown = client.get("/api/episode", params={"run": ".", "file": file, "index": 0}).json()
+        first = shown["trajectories"][0]["steps"][0]["messages"][0]
+        assert first["images"][0] in stored and "base64" not in json.dumps(shown)
+        image = client.get("/api/media", params={"run": ".", "name": first["images"][0]})
+        assert image.status_code == 200
+        assert image.content == (tmp_path / "run" / "media" / first["images"][0]).read_bytes()
+        assert client.get("/api/media", params={"run": ".", "name": "../config.yaml"}).status_code == 400

@@ -134,10 +134,14 @@ function tokensOrText(step) {
   return noTexts ? h("div", {}, h("pre", { class: "completion" }, step.completion || ""), strip) : strip;
 }
 
-function message(m) {
+function message(m, run) {
   const content = typeof m.content === "string" ? m.content : json(m.content);
+  // the run's stored images (rllm-media references), served from the run folder: nothing loads from outside
+  const images = (m.images || []).map((name) => h("img", { class: "msg-image", alt: "image in this message",
+    src: `/api/media?run=${encodeURIComponent(run)}&name=${encodeURIComponent(name)}` }));
   return h("div", { class: `msg role-${m.role}` }, h("div", { class: "msg-role" }, m.role),
-    h("pre", {}, content), m.truncated ? h("div", { class: "muted" }, "(cut at 20,000 characters)") : null);
+    h("pre", {}, content), ...images,
+    m.truncated ? h("div", { class: "muted" }, "(cut at 20,000 characters)") : null);
 }
 
 /** The environment's side of the episode's tool calls (artifacts.tool_log): what each returned and took. */
@@ -193,7 +197,7 @@ export async function episodeView(main, run, file, index) {
           h("span", { class: "muted" }, ` · reward ${fmt(step.reward)} · finish ${step.finish_reason ?? "–"}` +
             ` · ${(step.tokens || []).length} tokens`)),
         h("details", { open: (step.messages || []).length <= 3 }, h("summary", {}, `${(step.messages || []).length} messages`),
-          (step.messages || []).map(message)),
+          (step.messages || []).map((m) => message(m, run))),
         h("div", { class: "msg role-assistant" }, h("div", { class: "msg-role" }, "completion"), tokensOrText(step),
           step.completion_truncated ? h("div", { class: "muted" }, "(cut at 20,000 characters)") : null),
         step.tool_calls && step.tool_calls.length ? h("div", { class: "msg role-tool" },
