@@ -102,3 +102,29 @@ def test_an_image_for_a_text_only_model_is_a_bad_input_episode_not_a_crash(tmp_p
         assert image.status_code == 200
         assert image.content == (tmp_path / "run" / "media" / first["images"][0]).read_bytes()
         assert client.get("/api/media", params={"run": ".", "name": "../config.yaml"}).status_code == 400
+
+
+def test_geo3k_rows_become_an_image_and_a_question_and_offline_it_says_what_it_needs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from PIL import Image
+
+    from rllm_envs.benchmarks.hub_sets import _geo3k
+
+    diagram = Image.new("RGB", (40, 30), "white")
+    buf = io.BytesIO()
+    diagram.save(buf, format="PNG")
+    for image in (diagram, {"bytes": buf.getvalue(), "path": None}):  # as `datasets` decodes it, or raw
+        messages, gold, _ = _geo3k({"problem": "<image>Find x in the figure.", "answer": "12", "images": [image]})
+        parts = messages[0]["content"]
+        assert parts[0]["type"] == "image_url" and "<image>" not in parts[1]["text"] and gold == "12"
+        png = base64.b64decode(parts[0]["image_url"]["url"].split(",", 1)[1])
+        assert Image.open(io.BytesIO(png)).size == (40, 30)
+    folder = tmp_path / "geo3k"
+    folder.mkdir()
+    (folder / "test.jsonl").write_text(json.dumps({"problem": "<image>Find x.", "answer": "3",
+                                                   "images": [parts[0]["image_url"]["url"]]}) + "\n")
+    task = get_benchmark("geo3k").load("test", data_dir=str(tmp_path))[0]
+    assert task.instruction[0]["content"][0]["image_url"]["url"] == parts[0]["image_url"]["url"]
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(Exception, match="needs the Hugging Face dataset 'hiyouga/geometry3k'"):
+        get_benchmark("geo3k").load("train", max_examples=2)

@@ -187,6 +187,32 @@ class _LiveCodeBenchFiles(DatasetBenchmark):
         return rows
 
 
+def _image_url(image: Any) -> str:
+    """A Hub image (a PIL image as `datasets` decodes it, or its {"bytes": ...} form) as a PNG data URL; in a local
+    JSONL file, a data URL (kept) or an image file's path."""
+    if isinstance(image, str) and image.startswith("data:image/"):
+        return image
+    if isinstance(image, dict | str):
+        from PIL import Image
+
+        image = Image.open(io.BytesIO(image["bytes"]) if isinstance(image, dict) else image)
+    buf = io.BytesIO()
+    image.convert("RGB").save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _geo3k(row: dict[str, Any]) -> Example:
+    """Geometry3K: the problem text (its `<image>` marker where the diagram goes) and the diagram as an image
+    part of one user message; graded as math against the answer."""
+    images = row.get("images") or []
+    if not images:
+        raise ValueError("the row has no diagram (images)")
+    text = MATH_PROMPT.format(question=str(row["problem"]).replace("<image>", "").strip())
+    content = [*({"type": "image_url", "image_url": {"url": _image_url(im)}} for im in images),
+               {"type": "text", "text": text}]
+    return [{"role": "user", "content": content}], format_number(row["answer"]), {}  # type: ignore[return-value]
+
+
 def _finqa(row: dict[str, Any]) -> Example:
     pre = " ".join(row.get("pre_text") or []) if isinstance(row.get("pre_text"), list) else row.get("pre_text", "")
     post = " ".join(row.get("post_text") or []) if isinstance(row.get("post_text"), list) else row.get("post_text", "")
@@ -214,6 +240,9 @@ def hub_benchmarks() -> list[DatasetBenchmark]:
         b("finqa_text", category=math, grader="math", convert=_finqa, required=("question", "answer"),
           splits=("train", "test"), hub_id="dreamerdeo/finqa",
           description="FinQA as text (tables inlined, one call); `finqa` is the SQL-tool agent"),
+        b("geo3k", category="vision", grader="math", convert=_geo3k, required=("problem", "answer", "images"),
+          splits=("train", "test"), hub_id="hiyouga/geometry3k", rows_hint={"train": 2101, "test": 601},
+          description="Geometry3K: geometry problems with their diagram (an image)"),
         b("mmlu", category=mc, grader="choice", convert=_mmlu, required=("question", "choices", "answer"),
           hub_id="cais/mmlu", hub_config="all", rows_hint={"test": 14042}, description="MMLU"),
         b("mmlu_pro", category=mc, grader="choice", convert=_mmlu_pro, required=("question", "options", "answer"),
