@@ -120,10 +120,10 @@ def warm_start(args: argparse.Namespace, out: Path) -> tuple[Path, dict[str, Any
           "--eval-examples", str(args.eval_examples), "--eval-attempts", str(args.eval_attempts), "--eval-greedy",
           "--max-tokens", str(args.max_tokens), "--temperature", str(args.temperature), "--no-progress", *agent])
     base = read_curve(out / "base")["eval"][0]
-    base["leak_check"] = leak_check(out / "base", [out / f"demos-{v}" for v in variants])
     renamed = ["--task-variants", str(args.task_variants)] if args.task_variants else []
     spent = sum(_run([*rllm, "demos", args.benchmark, "-n", str(args.demos), "-o", str(out / f"demos-{v}"),
                       "--variant", v, "--no-progress", *renamed, *agent]) for v in variants)
+    base["leak_check"] = leak_check(out / "base", [out / f"demos-{v}" for v in variants])
     spent += _run([*rllm, "sft", *(str(out / f"demos-{v}") for v in variants), "--min-reward", "1", "--model",
                    args.model, "--max-seq-len", "4096", "--epochs", str(args.sft_epochs), "--lr", str(args.sft_lr),
                    "--batch-size", str(args.sft_batch_size), "-o", str(out / "sft"), "--no-progress"])
