@@ -53,6 +53,8 @@ class RayRunStats:
     cpus_per_worker: float = 0.0
     concurrency_per_worker: int = 0
     by_worker: dict[str, int] = field(default_factory=dict)
+    by_node: dict[str, int] = field(default_factory=dict)
+    """Episodes finished on each Ray node (its address): which hosts did the work."""
     """Episodes finished by each actor ('worker0.0', its replacement 'worker0.1', ...)."""
 
     def as_dict(self) -> dict[str, Any]:
@@ -113,6 +115,7 @@ class RayRun:
         self.seq = itertools.count()
         self.live_lanes = workers * per_worker
         self.bar, self.stats, self.engine_stats = bar, stats, EngineStats(started=time.monotonic())
+        self.nodes: dict[str, str] = {}
         self.bar_id = bar.add_task("", total=len(jobs), stats=self.engine_stats.line())
 
     async def _start(self, name: str) -> Any:
@@ -135,6 +138,7 @@ class RayRun:
         except Exception as exc:
             self.ray.kill(actor)
             raise ConfigError(f"rollout worker {name} failed to start: {type(exc).__name__}: {exc}") from None
+        self.nodes[name] = str(info.get("node", "?"))
         if info["gateway_error"]:
             self.ray.kill(actor)
             raise ConfigError(f"rollout worker {name} on {info['host']} cannot reach the gateway "
@@ -245,6 +249,8 @@ class RayRun:
                 ep = self._error_episode(job, "".join(traceback.format_exception(exc)))
             report_llm_calls(ep.steps)  # here, in the driver, once per Step: the worker sent none
             self.stats.by_worker[name] = self.stats.by_worker.get(name, 0) + 1
+            node = self.nodes.get(name, "?")
+            self.stats.by_node[node] = self.stats.by_node.get(node, 0) + 1
             await self._finish(job, ep)
 
     async def _give_up(self) -> None:

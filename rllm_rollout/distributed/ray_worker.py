@@ -53,7 +53,8 @@ class RolloutWorker:
     async def ready(self) -> dict[str, Any]:
         """Who this worker is, and whether it reaches the gateway: checked once before any episode runs, so a
         gateway the cluster cannot reach (127.0.0.1 seen from another node) fails the run with its URL."""
-        info: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname(), "gateway_error": None}
+        info: dict[str, Any] = {"pid": os.getpid(), "host": socket.gethostname(), "node": _node_address(),
+                                "gateway_error": None}
         url = f"{self.gateway.url}/health"
         try:
             async with httpx.AsyncClient(timeout=GATEWAY_CHECK_TIMEOUT_S) as client:
@@ -76,3 +77,13 @@ class RolloutWorker:
         except Exception as exc:
             text = "".join(traceback.format_exception(exc))
             return failed_episode_json(task_json, attempt, self.rollout.name, text)
+
+
+def _node_address() -> str:
+    """The Ray node's address this worker runs on (hosts may share a hostname, never a node address)."""
+    try:
+        import ray
+
+        return str(ray.util.get_node_ip_address())
+    except Exception:  # not in Ray (a test calling the class directly)
+        return socket.gethostname()
