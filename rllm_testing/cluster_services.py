@@ -136,9 +136,17 @@ class ClusterServices:
             self._wait_ray_nodes(n, timeout_s)
 
     def start_ray_worker(self, host: str, cpus: int = 1) -> None:
+        """A Ray node on `host`, its processes pinned to `cpus` cores of their own where the machine has them
+        (worker N on cores from (N-1)·cpus): hosts on one machine would otherwise all share every core, and a
+        second worker host would add no compute."""
         ray = str(Path(sys.executable).with_name("ray"))
+        first = self.cluster.hosts.index("worker1") if "worker1" in self.cluster.hosts else 0
+        index, cores = max(0, self.cluster.hosts.index(host) - first), os.cpu_count() or 1
+        pin: list[str] = []
+        if shutil.which("taskset") and cores > 1:
+            pin = ["taskset", "-c", ",".join(str((index * cpus + i) % cores) for i in range(cpus))]
         self.procs[f"ray-{host}"] = self.cluster.spawn(
-            host, [ray, "start", "--block", f"--address={self.ray_address}",
+            host, [*pin, ray, "start", "--block", f"--address={self.ray_address}",
                    f"--node-ip-address={self.cluster.address(host)}", f"--num-cpus={cpus}", "--disable-usage-stats",
                    f"--temp-dir={self.ray_tmp / host}"], env=self.env, log_name=f"ray-{host}")
 

@@ -10,8 +10,9 @@ Every host is a namespace `<prefix>-<host>` with a loopback of its own and one i
 other end is a port of the bridge `br0` in one more namespace, `<prefix>-sw` (the switch), so the machine's own
 network is never touched. Addresses come from 198.18.0.0/15 (RFC 2544: set aside for benchmarking networks, used
 by no real one), one /24 per cluster, and no host has a default route: nothing leaves the cluster, and 127.0.0.1
-inside a host is that host's alone. A partition takes the host's switch port down (every packet to and from it
-dropped, as a pulled cable; `tc netem` needs a kernel module not every machine has); healing brings it back.
+inside a host is that host's alone. A partition stops the host's switch port from forwarding (every frame to and
+from it dropped in silence, links up; `tc netem` needs a kernel module not every machine has, and this machine has
+no iptables); healing lets it forward again.
 
 Processes share the machine's files (the venv, the run directory), as hosts with a shared disk would. Building
 needs root (CAP_SYS_ADMIN, CAP_NET_ADMIN); `NetnsUnavailable` names the call a kernel refused, so a test can skip
@@ -45,6 +46,12 @@ def _ip(*args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
     if check and proc.returncode:
         raise NetnsUnavailable(f"`ip {' '.join(args)}` failed: {proc.stderr.strip() or proc.returncode}")
     return proc
+
+
+def _run(argv: list[str]) -> None:
+    proc = subprocess.run(argv, capture_output=True, text=True, timeout=30)
+    if proc.returncode:
+        raise NetnsUnavailable(f"`{' '.join(argv)}` failed: {proc.stderr.strip() or proc.returncode}")
 
 
 def netns_unavailable_reason() -> str | None:
@@ -176,10 +183,18 @@ class NetnsCluster:
 
     # ---------------------------------------------------------------------------------------------- faults
     def partition(self, host: str) -> None:
-        """Cut `host` off from every other host (its switch port down); its processes go on running."""
-        _ip("-n", self.switch, "link", "set", self._port(host), "down")
+        """Cut `host` off from every other host: its switch port stops forwarding (bridge port state disabled),
+        so every frame to or from it is dropped in silence while its link stays up, as behind a failed switch;
+        its processes go on running and their connections hang rather than fail. (Without the `bridge` tool:
+        the port's link goes down, which the host sees at once.)"""
+        if shutil.which("bridge"):
+            _run(["bridge", "-n", self.switch, "link", "set", "dev", self._port(host), "state", "0"])
+        else:
+            _ip("-n", self.switch, "link", "set", self._port(host), "down")
 
     def heal(self, host: str) -> None:
+        if shutil.which("bridge"):
+            _run(["bridge", "-n", self.switch, "link", "set", "dev", self._port(host), "state", "3"])  # forwarding
         _ip("-n", self.switch, "link", "set", self._port(host), "up")
 
     # ---------------------------------------------------------------------------------------------- teardown
