@@ -65,7 +65,9 @@ def test_eval_runs_on_the_worker_hosts_through_the_gateway_host(services: Cluste
     assert all(s["completion_token_ids"] and s["prompt_token_ids"] for s in steps)  # ids from the policy host
     ray = json.loads((out / "summary.json").read_text())["config"]["ray"]
     assert ray["address"] == services.ray_address and ray["lost"] == 0
-    assert sum(ray["by_worker"].values()) == 32 and len(ray["by_worker"]) == 2  # both worker hosts ran episodes
+    assert sum(ray["by_worker"].values()) == 32 and len(ray["by_worker"]) == 2
+    workers = {services.cluster.address("worker1"), services.cluster.address("worker2")}
+    assert set(ray["by_node"]) == workers  # both worker hosts ran episodes, the head none
     stats = services.gateway_stats()
     assert stats["recorded_steps"] == len(steps) and stats["stored_steps"] == 0 and stats["late_steps"] == 0
     assert stats["upstreams"] == [f"{services.policy_url}/v1"]
@@ -89,3 +91,25 @@ def test_nothing_crosses_loopback_between_hosts(services: ClusterServices) -> No
         code = services.cluster.run(host, [sys.executable, "-c", probe, str(port)], timeout=30).stdout.strip()
         assert code != "0", f"{host} reached port {port} on its loopback: a service is not on its own host"
     assert "default" not in services.cluster.run("head", ["ip", "route"]).stdout
+
+
+def test_train_runs_across_the_hosts_and_the_policy_host_serves_each_steps_weights(services: ClusterServices) -> None:
+    run, cfg = services.workdir / "train", services.workdir / "train.yaml"
+    cfg.write_text(json.dumps({"backend_options": {"policy_server": services.policy_url}}))
+    before = services.gateway_stats()["recorded_steps"]
+    proc = services.rllm("head", ["train", "arithmetic", "--model", "tiny-random", "--config", str(cfg), "--output",
+                                  str(run), "--max-steps", "2", "--batch-size", "4", "--group-size", "2",
+                                  "--max-tokens", "8", "--rollout-workers", "2", "--ray-address",
+                                  services.ray_address, "--gateway", services.gateway_url, "--eval-examples", "0",
+                                  "--no-progress"], timeout_s=600)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
+    episodes = [json.loads(line) for f in sorted((run / "episodes").glob("step_*.jsonl"))
+                for line in f.read_text().splitlines()]
+    calls = sum(len(t["steps"]) for e in episodes for t in e["trajectories"])
+    assert len(episodes) == 16 and services.gateway_stats()["recorded_steps"] - before == calls
+    versions = {s["policy_version"] for e in episodes for t in e["trajectories"] for s in t["steps"]}
+    assert versions == {0, 1}  # step 2 sampled the weights the trainer pushed after step 1
+    health = services.cluster.run("head", [sys.executable, "-c", "import urllib.request,sys;print(urllib.request."
+                                           "urlopen(sys.argv[1]).read().decode())", f"{services.policy_url}/health"],
+                                  timeout=30).stdout
+    assert json.loads(health)["policy_version"] == 2  # and the weights of step 2, pushed at its end
