@@ -128,3 +128,26 @@ def test_geo3k_rows_become_an_image_and_a_question_and_offline_it_says_what_it_n
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with pytest.raises(Exception, match="needs the Hugging Face dataset 'hiyouga/geometry3k'"):
         get_benchmark("geo3k").load("train", max_examples=2)
+
+
+def test_every_api_of_the_policy_server_refuses_an_image_for_a_text_only_model() -> None:
+    from rllm_serve import start_policy_server
+
+    url = image_part(draw_figure("circle", {"r": 3}))["image_url"]["url"]
+    b64 = url.split(",", 1)[1]
+    chat_parts = [{"type": "text", "text": "x?"}, {"type": "image_url", "image_url": {"url": url}}]
+    responses_parts = [{"type": "input_text", "text": "x?"}, {"type": "input_image", "image_url": url}]
+    bodies = {
+        "/v1/chat/completions": {"model": "tiny-random", "max_tokens": 4,
+                                 "messages": [{"role": "user", "content": chat_parts}]},
+        "/v1/responses": {"model": "tiny-random", "max_output_tokens": 4,
+                          "input": [{"role": "user", "content": responses_parts}]},
+        "/v1/messages": {"model": "tiny-random", "max_tokens": 4, "messages": [
+            {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                                      "data": b64}}]}]},
+    }
+    with start_policy_server("tiny-random", max_batch_size=2) as server:
+        for path, body in bodies.items():
+            reply = httpx.post(server.url + path, json=body, timeout=60)
+            assert reply.status_code == 400, (path, reply.text)
+            assert "image" in reply.text, (path, reply.text)
