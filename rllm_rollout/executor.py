@@ -36,8 +36,8 @@ class EpisodeBatch:
 
     Calls go through `gateway` (a gateway in this process: training's, which the backend's replicas sit behind; or
     a `RemoteGateway`, one on a host of its own) or, without one, to `base_url` with `api_key` (eval against an
-    endpoint). Episodes come back in task order
-    × attempts, scored by `benchmark` when given; `on_episode` sees each as it finishes."""
+    endpoint). Episodes come back in task order × attempts, scored by `benchmark` when given; `on_episode` sees
+    each as it finishes."""
 
     rollout: Rollout
     tasks: Sequence[Task]
