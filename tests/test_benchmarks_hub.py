@@ -10,6 +10,9 @@ import pytest
 
 from rllm_envs.benchmarks import get_benchmark
 
+PNG_2X2 = ("data:image/png;base64,iVBORw0KGgoAAAANSUhEUgAAAAIAAAACCAIAAAD91JpzAAAAFklEQVR4nGP8//8/AwMDEwMDAwMDAwAkBgMB"
+           "/DXemwAAAABJRU5ErkJggg==")
+"""A diagram as a local JSONL row of geo3k holds it (a data URL)."""
 ROWS: dict[str, tuple[dict[str, Any], str | None, str]] = {
     # name: (row in the Hub's fields, a correct response (None: the reference one), a wrong response)
     "hendrycks_math": ({"problem": "1/2 + 1/4?", "solution": "It is $\\boxed{\\frac{3}{4}}$."}, "\\boxed{0.75}",
@@ -20,6 +23,7 @@ ROWS: dict[str, tuple[dict[str, Any], str | None, str]] = {
     "theoremqa": ({"Question": "q", "Answer": 3.0}, "\\boxed{3}", "\\boxed{4}"),
     "finqa_text": ({"pre_text": ["Revenue rose."], "post_text": [], "table": [["year", "rev"], ["2020", "10"]],
                "question": "What is rev?", "answer": "10"}, None, "\\boxed{11}"),
+    "geo3k": ({"problem": "<image>Find x.", "answer": "6", "images": [PNG_2X2]}, "\\boxed{6}", "\\boxed{7}"),
     "mmlu": ({"question": "q", "choices": ["a", "b", "c", "d"], "answer": 2}, "The answer is (C)", "(A)"),
     "mmlu_pro": ({"question": "q", "options": list("abcdefghij"), "answer": "J"}, "The answer is (J)", "(B)"),
     "gpqa_diamond": ({"Question": "q", "Correct Answer": "yes", "Incorrect Answer 1": "n1",
