@@ -17,6 +17,7 @@ import secrets
 from collections.abc import Sequence
 from typing import Any
 
+from rllm_core.errors import ConfigError
 from rllm_core.types import Episode, Task
 from rllm_rollout.executor import EpisodeBatch, RayExecutor, RolloutExecutor, open_executor
 from rllm_rollout.gateway.client import RemoteGateway
@@ -67,8 +68,11 @@ class RolloutStage:
 
         if self.config.gateway:
             if self._gateway is None:
-                url = self.config.gateway.rstrip("/").removesuffix("/v1")
-                self._gateway = RemoteGateway(url, api_key=os.environ.get("RLLM_GATEWAY_API_KEY"))
+                url, token = self.config.gateway.rstrip("/").removesuffix("/v1"), os.environ.get("RLLM_GATEWAY_API_KEY")
+                if not token:
+                    raise ConfigError(f"--gateway {url}: set RLLM_GATEWAY_API_KEY to that gateway's token (its "
+                                      "--api-key), which taking its sessions needs")
+                self._gateway = RemoteGateway(url, api_key=token)
             return self._gateway
         upstreams = endpoint.upstream_configs()
         if self._gateway is None:  # loopback, unless the executor's workers on other nodes must reach it

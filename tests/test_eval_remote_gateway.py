@@ -37,3 +37,9 @@ def test_eval_gateway_refuses_a_second_model_address(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="drop --base-url"):
         run_eval(EvalOptions(benchmark="arithmetic", gateway="http://198.18.0.4:8080",
                              base_url="http://127.0.0.1:1/v1", output=tmp_path / "x"))
+
+
+def test_eval_gateway_needs_its_token(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("RLLM_GATEWAY_API_KEY", raising=False)
+    with pytest.raises(ConfigError, match="set RLLM_GATEWAY_API_KEY"):
+        run_eval(EvalOptions(benchmark="arithmetic", gateway="http://198.18.0.4:8080", output=tmp_path / "x"))

@@ -255,7 +255,11 @@ def _remote_gateway(url: str | None) -> Any:
 
     if not url.startswith(("http://", "https://")):
         raise ConfigError(f"--gateway {url!r} must be the gateway's URL, like http://HOST:8080")
-    return RemoteGateway(url.rstrip("/").removesuffix("/v1"), api_key=os.environ.get("RLLM_GATEWAY_API_KEY"))
+    token = os.environ.get("RLLM_GATEWAY_API_KEY")
+    if not token:
+        raise ConfigError(f"--gateway {url}: set RLLM_GATEWAY_API_KEY to that gateway's token (its --api-key), "
+                          "which reading and taking its sessions needs")
+    return RemoteGateway(url.rstrip("/").removesuffix("/v1"), api_key=token)
 
 
 def _summary_record(summary: EvalSummary) -> dict[str, Any]:
