@@ -37,6 +37,20 @@ def _error(status: int, message: str) -> web.Response:
     return web.json_response({"error": {"message": message, "type": "invalid_request_error"}}, status=status)
 
 
+async def _read_weights(request: web.Request) -> bytes | None:
+    """The body, read in chunks under this route's own bound (None past it): the app's `client_max_size`, which
+    `request.read()` applies, is sized for chat requests (64 MB), and the embedded model's weights are 540 MB."""
+    if (request.content_length or 0) > MAX_WEIGHTS_BYTES:
+        return None
+    chunks, size = [], 0
+    async for chunk in request.content.iter_chunked(1 << 20):
+        size += len(chunk)
+        if size > MAX_WEIGHTS_BYTES:
+            return None
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
 def add_weights_route(app: web.Application, engine: Any, token: str) -> None:
     """`PUT /admin/weights` on `app`, for `engine` (a DecodeEngine), behind `token` (module docstring)."""
 
@@ -49,9 +63,9 @@ def add_weights_route(app: web.Application, engine: Any, token: str) -> None:
             version = int(version_header) if version_header is not None else None
         except ValueError:
             return _error(400, f"X-Policy-Version must be a whole number, got {version_header!r}")
-        if (request.content_length or 0) > MAX_WEIGHTS_BYTES:
+        body = await _read_weights(request)
+        if body is None:
             return _error(413, f"weights over {MAX_WEIGHTS_BYTES} bytes")
-        body = await request.read()
         try:
             from safetensors.torch import load
 
