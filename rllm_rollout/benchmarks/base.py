@@ -20,6 +20,7 @@ from typing import Any, ClassVar
 from rllm_core.errors import BenchmarkError
 from rllm_core.rewards import RewardResult
 from rllm_core.types import Episode, Task
+from rllm_rollout.capture.assemble import upstream_status
 from rllm_rollout.rollout import Rollout
 
 __all__ = ["Benchmark", "context_exceeded_result", "last_finish_reason", "recommended_unset", "response_text"]
@@ -113,7 +114,7 @@ class Benchmark(ABC):
         if episode.termination_reason == "timeout":
             return RewardResult.fail("timeout", note=episode.error or "")
         if episode.error is not None or episode.termination_reason in ("error", "cancelled"):
-            refused = next((s.error for s in episode.steps if s.error and "HTTP 400" in s.error), None)
+            refused = next((s.error for s in episode.steps if upstream_status(s.error) == 400), None)
             if refused is not None:  # the server refused what it was sent: the input, not the agent, is at fault
                 return RewardResult.fail("bad_input", note=refused[-500:])
             return RewardResult.fail("error", note=(episode.error or "")[-500:])

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from typing import Any
 
@@ -378,6 +379,17 @@ def request_messages(call: CallRequest) -> list[dict[str, Any]] | None:
         except CaptureError:  # images, server tools: no Chat form; the Messages turns are kept as they came
             return [m for m in call.body.get("messages") or [] if isinstance(m, dict)] or None
     return None
+
+
+def upstream_error(status: int, detail: str) -> str:
+    """The error a Step records for an upstream's HTTP error answer (gateway and in-process capture alike)."""
+    return f"upstream returned HTTP {status}: {detail}"
+
+
+def upstream_status(error: str | None) -> int | None:
+    """The HTTP status of an `upstream_error` text, or None for any other error."""
+    m = re.match(r"upstream returned HTTP (\d{3})\b", error or "")
+    return int(m.group(1)) if m else None
 
 
 def error_step(call: CallRequest, error: str, top: dict[str, Any] | None = None) -> Step:

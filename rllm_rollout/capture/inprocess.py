@@ -23,7 +23,7 @@ from typing import Any
 from rllm_core.context import AGENT_HEADER, StepRecorder, current_agent, current_episode
 from rllm_core.errors import CaptureError
 from rllm_core.types import Step
-from rllm_rollout.capture.assemble import CallAssembler, error_step
+from rllm_rollout.capture.assemble import CallAssembler, error_step, upstream_error
 from rllm_rollout.capture.assemblers import make_assembler
 from rllm_rollout.capture.request import CallRequest, endpoint_of, is_loopback, prepare_call
 from rllm_rollout.capture.unrecorded import check_unrecorded, note_unrecorded
@@ -210,7 +210,7 @@ def _record_read(resp: Any, call: CallRequest, recorder: StepRecorder, tokenizer
 
 
 def _upstream_error(resp: Any) -> str:
-    return f"upstream returned HTTP {resp.status_code} {resp.reason_phrase}"
+    return upstream_error(resp.status_code, resp.reason_phrase)
 
 
 def _patch(lib: ModuleType) -> None:

@@ -42,7 +42,7 @@ from rllm_core.errors import CaptureError
 from rllm_core.plugins import get_plugin_manager
 from rllm_core.types import Step
 from rllm_rollout.capture import _json
-from rllm_rollout.capture.assemble import CallAssembler, error_step, request_messages
+from rllm_rollout.capture.assemble import CallAssembler, error_step, request_messages, upstream_error
 from rllm_rollout.capture.assemblers import make_assembler
 from rllm_rollout.capture.messages import anthropic_error
 from rllm_rollout.capture.request import CallRequest, endpoint_of, prepare_call, prepare_messages_via_chat
@@ -329,9 +329,9 @@ class _Gateway:
             if resp.status >= 400:
                 body = await resp.read()
                 said = body[:500].decode(errors='replace')
-                self._record(sid, [error_step(call, f"upstream returned HTTP {resp.status}: {said}")])
+                self._record(sid, [error_step(call, upstream_error(resp.status, said))])
                 if call.source is not None:  # the client speaks Messages: the Chat server's error in its shape
-                    body = _json.dumps(anthropic_error(f"upstream returned HTTP {resp.status}: {said}"))
+                    body = _json.dumps(anthropic_error(upstream_error(resp.status, said)))
                 return web.Response(body=body, status=resp.status, headers=self._client_headers(resp))
             asm = make_assembler(call, sse="text/event-stream" in resp.headers.get("Content-Type", ""),
                                  tokenizer=up.tokenizer)
