@@ -44,10 +44,20 @@ from rllm_testing.netns_cluster import NetnsCluster
 FAULTS = ("worker_killed", "worker_partitioned", "gateway_restarted", "policy_restarted", "trainer_killed")
 
 
+def _train_records(run: Path) -> list[dict[str, Any]]:
+    path = run / "metrics.jsonl"
+    records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    return [r for r in records if r["kind"] == "train"]
+
+
+def trained_steps(run: Path) -> int:
+    """Steps the run has trained (its metrics only: what the fault loop polls)."""
+    return len({r["step"] for r in _train_records(run)})
+
+
 def run_counts(run: Path) -> dict[str, Any]:
     """What the run's files hold: trained steps, episodes, calls (Steps), errors, Step ids seen twice."""
-    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()
-             if line.strip() and json.loads(line)["kind"] == "train"] if (run / "metrics.jsonl").exists() else []
+    steps = _train_records(run)
     episodes, calls, errors, ids = 0, 0, 0, []
     per_step, details = {}, {}
     for path in sorted((run / "episodes").glob("step_*.jsonl")):
@@ -128,7 +138,7 @@ def faults(svc: ClusterServices, args: argparse.Namespace) -> list[dict[str, Any
     plan = {step: name for step, name in zip(range(2, 2 + 2 * len(FAULTS), 2), args.faults, strict=False)}
     rows = []
     for step, name in sorted(plan.items()):
-        _wait(lambda s=step, t=trainer: run_counts(run)["trained_steps"] >= s - 1 or t.poll() is not None, 600,
+        _wait(lambda s=step, t=trainer: trained_steps(run) >= s - 1 or t.poll() is not None, 600,
               f"step {step - 1} to finish")
         if trainer.poll() is not None:
             raise SystemExit(f"the trainer ended (exit {trainer.returncode}) before the {name} fault")
@@ -142,7 +152,7 @@ def faults(svc: ClusterServices, args: argparse.Namespace) -> list[dict[str, Any
             trainer.wait(timeout=60)
             trainer = svc.spawn_rllm("head", ["train", "--resume", str(run), "--no-progress"], "trainer-resumed")
             what += "; `rllm train --resume` started"
-        _wait(lambda s=step, t=trainer: run_counts(run)["trained_steps"] >= s or t.poll() is not None, 900,
+        _wait(lambda s=step, t=trainer: trained_steps(run) >= s or t.poll() is not None, 900,
               f"step {step} to finish after the {name} fault")
         after, gw_after = run_counts(run), svc.gateway_stats()
         rows.append({"fault": name, "step": step, "injected_after_calls": gw_before["recorded_steps"] - base_calls,

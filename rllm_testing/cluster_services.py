@@ -15,6 +15,7 @@ Every wait is bounded (`timeout_s`) and says what it waited for.
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import shutil
@@ -198,6 +199,4 @@ class ClusterServices:
                                 timeout=60, env=self.env)
         if proc.returncode:
             raise RuntimeError(f"gateway /stats: {proc.stderr.strip()[-300:]}")
-        import json
-
         return dict(json.loads(proc.stdout))

@@ -195,7 +195,8 @@ class NetnsCluster:
     def heal(self, host: str) -> None:
         if shutil.which("bridge"):
             _run(["bridge", "-n", self.switch, "link", "set", "dev", self._port(host), "state", "3"])  # forwarding
-        _ip("-n", self.switch, "link", "set", self._port(host), "up")
+        else:
+            _ip("-n", self.switch, "link", "set", self._port(host), "up")
 
     # ---------------------------------------------------------------------------------------------- teardown
     def close(self) -> None:

@@ -57,7 +57,10 @@ class RolloutStage:
 
     def __exit__(self, *exc: Any) -> None:
         if self._gateway is not None:
-            self._gateway.close() if isinstance(self._gateway, RemoteGateway) else self._gateway.stop()
+            if isinstance(self._gateway, RemoteGateway):
+                self._gateway.close()  # a client of a gateway someone else runs
+            else:
+                self._gateway.stop()
             self._gateway = None
         self._stack.close()
 

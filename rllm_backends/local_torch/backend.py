@@ -73,7 +73,6 @@ class LocalTorchBackend(BackendBase):
         torch.manual_seed(config.seed)
         _quiet_transformers()  # its "Loading weights" bar would cut into the training display
         loaded = self._loaded or load_model(config.model, dtype=torch.float32, device=config.device)
-        serve_copy = copy.copy(loaded)
         pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
         self.tokenizer = loaded.tokenizer
         if options.policy_server:  # rollouts on another host's server (remote_server.py): it gets our weights
@@ -81,6 +80,7 @@ class LocalTorchBackend(BackendBase):
             self.server = connect_remote_server(options.policy_server, config)
             self.policy_version = self._push(self.trainer.serving_state_dict(), version=0)
             return
+        serve_copy = copy.copy(loaded)
         if config.roles:  # the server serves the trainer's own PeftModel: built first, then copied
             self.trainer = TorchTrainer(loaded.model, config, pad_token_id=int(pad))
             serve_copy.model = copy.deepcopy(self.trainer.model).eval().requires_grad_(False)

@@ -11,6 +11,7 @@ any agent that sends the instruction as its content sends the image too; a text-
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import io
 import math
@@ -31,7 +32,9 @@ KINDS = ("right_triangle", "triangle_angle", "parallel_lines", "circle", "rectan
 TRIPLES = ((3, 4, 5), (5, 12, 13), (6, 8, 10), (8, 15, 17), (7, 24, 25), (9, 12, 15), (12, 16, 20), (20, 21, 29))
 
 
+@functools.lru_cache(maxsize=4)
 def _font(size: int = 18) -> Any:
+    """Loaded once per size (every label of every figure uses it)."""
     from PIL import ImageFont
 
     return ImageFont.load_default(size=size)
