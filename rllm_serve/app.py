@@ -35,7 +35,16 @@ from rllm_serve.protocol import (
 from rllm_serve.responses import ChoiceResult, ResponseBuilder
 from rllm_serve.responses_api import ResponsesBuilder, stream_response
 from rllm_serve.sequence import GenerationRequest, TokenEvent
-from rllm_serve.tool_prompt import ChatRenderer
+from rllm_serve.tool_prompt import ChatRenderer, tools_in_messages
+from rllm_serve.vision import (
+    BadImage,
+    VisionInputs,
+    decode_image,
+    encode_prompt,
+    fetch_image,
+    hf_messages,
+    image_source,
+)
 
 __all__ = ["MODEL_ALIASES", "check_default_adapter", "engine_adapters", "make_app"]
 
@@ -108,8 +117,37 @@ class _Handlers:
         raise RequestError(f"model {req.model!r} is not served here; this server serves {self.model_name!r} "
                            f"(GET /v1/models lists it)", status=404, param="model")
 
-    def _chat_prompt(self, req: ChatRequest) -> list[int]:
-        refuse_media(req.messages, self.model_name, getattr(self.engine.loaded, "processor", None))
+    async def _chat_prompt(self, req: ChatRequest) -> tuple[list[int], VisionInputs | None]:
+        """The prompt ids of a chat request, and its images' inputs when it has any (vision-language model)."""
+        processor = getattr(self.engine.loaded, "processor", None)
+        refuse_media(req.messages, self.model_name, processor)
+        if processor is not None and any(image_source(p) is not None for m in req.messages
+                                         if isinstance(m.get("content"), list) for p in m["content"]):
+            return await self._vision_prompt(req, processor)
+        return self._text_prompt(req), None
+
+    async def _vision_prompt(self, req: ChatRequest, processor: Any) -> tuple[list[int], VisionInputs | None]:
+        """Images read (a URL fetched), then the template's text with image markers expanded by the processor."""
+        renderer = ChatRenderer(self.tokenizer, req.tools, req.chat_template_kwargs)
+        messages = list(req.messages)
+        if renderer.tools and not renderer.template_shows_tools:
+            messages = tools_in_messages(messages, renderer.tools)
+        parts, sources = hf_messages(messages)
+        try:
+            raw = [await fetch_image(src) for src in sources]
+
+            def encode() -> tuple[list[int], VisionInputs | None]:
+                images = [decode_image(b) for b in raw]
+                text = self.tokenizer.apply_chat_template(parts, tokenize=False,
+                                                          add_generation_prompt=req.add_generation_prompt,
+                                                          **renderer.kwargs)
+                return encode_prompt(processor, self.engine.model, text, images)
+
+            return await asyncio.to_thread(encode)
+        except BadImage as exc:
+            raise RequestError(str(exc), param="messages") from None
+
+    def _text_prompt(self, req: ChatRequest) -> list[int]:
         # a template without tools gets them in the Hermes convention, written into the messages
         renderer = ChatRenderer(self.tokenizer, req.tools, req.chat_template_kwargs)
         messages = renderer.messages(list(req.messages))
@@ -144,10 +182,10 @@ class _Handlers:
     # ------------------------------------------------------------------ generation
     async def chat(self, request: web.Request) -> web.StreamResponse:
         req: ChatRequest = await self._parse(request, ChatRequest)
-        prompt_ids = self._chat_prompt(req)
+        prompt_ids, vision = await self._chat_prompt(req)
         builder = ResponseBuilder(self.tokenizer, self._route(req)[1], True, prompt_ids, req.return_token_ids,
                                   req.logprobs, parse_tools=bool(req.tools))
-        return await self._generate(request, req, prompt_ids, builder, None)
+        return await self._generate(request, req, prompt_ids, builder, None, vision)
 
     async def completions(self, request: web.Request) -> web.StreamResponse:
         req: CompletionRequest = await self._parse(request, CompletionRequest)
@@ -165,11 +203,11 @@ class _Handlers:
                                "send a string or at least one message item", param="input")
         chat = ChatRequest.model_validate({"messages": messages, "tools": chat_tools(req.tools),
                                            "chat_template_kwargs": req.chat_template_kwargs})
-        prompt_ids = self._chat_prompt(chat)
+        prompt_ids, vision = await self._chat_prompt(chat)
         builder = ResponsesBuilder(self.tokenizer, self._route(req)[1], prompt_ids, req,
                                    parse_tools=bool(chat.tools))
         return await self._one_reply(request, req, prompt_ids, builder.id,
-                                     lambda queue: stream_response(request, queue, builder), builder.full)
+                                     lambda queue: stream_response(request, queue, builder), builder.full, vision)
 
     async def messages(self, request: web.Request) -> web.StreamResponse:
         """`POST /v1/messages` (Anthropic): rendered and generated as the chat call it is (messages_api.py)."""
@@ -179,17 +217,18 @@ class _Handlers:
             raise RequestError("the request body is not valid JSON") from None
         req = chat_request_for(body)
         self._route(req)
-        prompt_ids = self._chat_prompt(req)
+        prompt_ids, vision = await self._chat_prompt(req)
         builder = ResponseBuilder(self.tokenizer, self._route(req)[1], True, prompt_ids, False, False,
                                   parse_tools=bool(req.tools))  # our fields come from the results themselves
         call = MessagesCall(builder, body)
         return await self._one_reply(request, req, prompt_ids, builder.id,
-                                     lambda queue: stream_messages(request, queue, call), call.message)
+                                     lambda queue: stream_messages(request, queue, call), call.message, vision)
 
     async def _one_reply(self, request: web.Request, req: ChatRequest | ResponsesRequest, prompt_ids: list[int],
-                         request_id: str, stream: Any, whole: Any) -> web.StreamResponse:
+                         request_id: str, stream: Any, whole: Any, vision: VisionInputs | None = None
+                         ) -> web.StreamResponse:
         """One choice, streamed by `stream(queue)` or answered whole as `whole(result)` (Responses, Messages)."""
-        gen, queue = self._submit(req, prompt_ids, request_id, None)
+        gen, queue = self._submit(req, prompt_ids, request_id, None, vision)
         try:
             if req.stream:
                 return await stream(queue)
@@ -201,7 +240,8 @@ class _Handlers:
             gen.cancel()
 
     def _submit(self, req: ChatRequest | CompletionRequest | ResponsesRequest, prompt_ids: list[int], request_id: str,
-                default_max: int | None) -> tuple[GenerationRequest, asyncio.Queue[TokenEvent]]:
+                default_max: int | None, vision: VisionInputs | None = None
+                ) -> tuple[GenerationRequest, asyncio.Queue[TokenEvent]]:
         """Hand one request to the engine; its TokenEvents arrive on the returned queue (on this loop)."""
         params = sampling_params(req, len(prompt_ids), self.ctx, default_max)
         loop = asyncio.get_running_loop()
@@ -210,13 +250,15 @@ class _Handlers:
         def sink(ev: TokenEvent) -> None:
             loop.call_soon_threadsafe(queue.put_nowait, ev)
 
-        gen = GenerationRequest(prompt_ids, params, sink, n=req.n, request_id=request_id, adapter=self._route(req)[0])
+        gen = GenerationRequest(prompt_ids, params, sink, n=req.n, request_id=request_id, adapter=self._route(req)[0],
+                                vision=vision)
         self.engine.submit(gen)
         return gen, queue
 
     async def _generate(self, request: web.Request, req: ChatRequest | CompletionRequest, prompt_ids: list[int],
-                        builder: ResponseBuilder, default_max: int | None) -> web.StreamResponse:
-        gen, queue = self._submit(req, prompt_ids, builder.id, default_max)
+                        builder: ResponseBuilder, default_max: int | None, vision: VisionInputs | None = None
+                        ) -> web.StreamResponse:
+        gen, queue = self._submit(req, prompt_ids, builder.id, default_max, vision)
         try:
             if req.stream:
                 return await self._stream(request, req, gen, queue, builder)

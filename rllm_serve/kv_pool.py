@@ -41,8 +41,9 @@ def _zeros(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device) -> 
 
 
 def pool_shape(model_config: object) -> tuple[int, int, int]:
-    """(layers, kv_heads, head_dim) of a transformers decoder config."""
-    cfg = model_config
+    """(layers, kv_heads, head_dim) of a transformers decoder config (a vision-language model's text config)."""
+    get_text = getattr(model_config, "get_text_config", None)
+    cfg = get_text() if callable(get_text) else model_config
     layers = int(cfg.num_hidden_layers)
     heads = int(cfg.num_attention_heads)
     kv_heads = int(getattr(cfg, "num_key_value_heads", None) or heads)

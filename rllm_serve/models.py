@@ -31,6 +31,7 @@ import torch
 from rllm_core.errors import ConfigError
 from rllm_core.home import rllm_home
 from rllm_serve.run_model import checkpoint_info, resolve_checkpoint
+from rllm_serve.vision_models import TINY_VLM, is_vision_dir, load_vision_model, tiny_vlm, tiny_vlm_tokenizer
 
 __all__ = ["BASE_ADAPTER", "BUILTIN_MODELS", "EMBEDDED_GGUF", "LoadedModel", "load_checkpoint_model", "load_model",
            "load_tokenizer", "lora_adapters", "model_dir", "rllm_home"]
@@ -38,7 +39,7 @@ __all__ = ["BASE_ADAPTER", "BUILTIN_MODELS", "EMBEDDED_GGUF", "LoadedModel", "lo
 log = logging.getLogger("rllm.serving.models")
 
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-BUILTIN_MODELS = ("smollm2-135m", "tiny-random")
+BUILTIN_MODELS = ("smollm2-135m", "tiny-random", "tiny-vlm")
 _TINY_SEED = 1234
 BASE_ADAPTER = "__base__"
 """peft's name, in a mixed-adapter batch, for a row computed with the base weights alone."""
@@ -51,11 +52,13 @@ class LoadedModel:
     model: Any
     tokenizer: Any
     name: str
+    processor: Any = None
+    """A vision-language model's transformers processor (images → pixel values, image tokens); None: text only."""
 
     @property
     def context_length(self) -> int:
         """Longest prompt + completion the model accepts (its `max_position_embeddings`)."""
-        cfg = self.model.config
+        cfg = self.model.config.get_text_config()
         return int(getattr(cfg, "max_position_embeddings", None) or getattr(self.tokenizer, "model_max_length", 2048))
 
     @property
@@ -238,6 +241,8 @@ def load_tokenizer(name_or_path: str = "smollm2-135m") -> Any:
     """The tokenizer of a model name or path; both built-ins use SmolLM2's tokenizer."""
     from transformers import AutoTokenizer
 
+    if name_or_path == TINY_VLM:
+        return tiny_vlm_tokenizer()
     if name_or_path in BUILTIN_MODELS:
         return _no_cleanup(AutoTokenizer.from_pretrained(_tokenizer_cache(name_or_path)))
     return _no_cleanup(AutoTokenizer.from_pretrained(name_or_path))
@@ -304,6 +309,15 @@ def model_dir(name_or_path: str) -> str:
         return str(_smollm2_cache())
     if name_or_path == "tiny-random":
         return str(_tiny_random_cache())
+    if name_or_path == TINY_VLM:
+        model, _, processor = tiny_vlm(torch.float32)
+
+        def write(tmp: Path) -> None:
+            model.save_pretrained(tmp, safe_serialization=True)
+            processor.save_pretrained(tmp)
+
+        target = rllm_home() / "models" / TINY_VLM
+        return str(target if (target / "config.json").exists() else _write_atomically(target, write))
     if (ckpt := resolve_checkpoint(name_or_path)) is not None:  # a run: its checkpoint is a model directory
         if checkpoint_info(ckpt).kind != "full":
             raise ConfigError(f"{ckpt} holds LoRA adapters: merge them first (rllm export {name_or_path} -o DIR "
@@ -344,8 +358,11 @@ def load_model(name_or_path: str = "smollm2-135m", dtype: torch.dtype = torch.fl
         loaded = load_checkpoint_model(ckpt, dtype=dtype, device=device)
         loaded.name = name_or_path  # served under the name the user gave (`--model runs/x:step_50`)
         return loaded
+    processor = None
     if name_or_path == "tiny-random":
         model, tok = _tiny_random(dtype)
+    elif name_or_path == TINY_VLM:
+        model, tok, processor = tiny_vlm(dtype)
     else:
         path = str(_smollm2_cache()) if name_or_path == "smollm2-135m" else os.path.expanduser(name_or_path)
         if path.startswith(("/", ".")) and not Path(path).is_dir():
@@ -356,8 +373,11 @@ def load_model(name_or_path: str = "smollm2-135m", dtype: torch.dtype = torch.fl
                               "a checkpoint directory (checkpoints/step_N), or a model directory with config.json")
         offline = None if Path(path).is_dir() else _hub_unreachable()
         try:
-            tok = AutoTokenizer.from_pretrained(path, local_files_only=offline is not None)
-            model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=offline is not None)
+            if is_vision_dir(path, offline is not None):
+                model, tok, processor = load_vision_model(path, dtype, offline is not None)
+            else:
+                tok = AutoTokenizer.from_pretrained(path, local_files_only=offline is not None)
+                model = AutoModelForCausalLM.from_pretrained(path, dtype=dtype, local_files_only=offline is not None)
         except (OSError, ValueError) as exc:
             why = f"it is not in the Hugging Face cache and {offline}" if offline else str(exc).rstrip(".")
             raise ConfigError(
@@ -374,7 +394,7 @@ def load_model(name_or_path: str = "smollm2-135m", dtype: torch.dtype = torch.fl
         raise ConfigError(f"cannot place {name_or_path!r} on device {device!r}: {exc}. Use --device cpu, or "
                           "cuda:N on a machine whose torch build sees that GPU") from None
     model.eval()
-    return LoadedModel(model=model, tokenizer=tok, name=name_or_path)
+    return LoadedModel(model=model, tokenizer=tok, name=name_or_path, processor=processor)
 
 
 # ------------------------------------------------------------------ runs of `rllm train` as models
@@ -407,7 +427,7 @@ def load_checkpoint_model(ckpt: Path, dtype: torch.dtype = torch.float32, device
 
     model = _with_errors(ckpt, build)
     model.eval()
-    return LoadedModel(model=model, tokenizer=tokenizer, name=name)
+    return LoadedModel(model=model, tokenizer=tokenizer, name=name, processor=base.processor)
 
 
 def _checkpoint_tokenizer(ckpt: Path) -> Any:

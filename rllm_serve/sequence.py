@@ -51,6 +51,8 @@ class GenerationRequest:
     cancelled: threading.Event = field(default_factory=threading.Event)
     adapter: str | None = None
     """The LoRA adapter of a peft-served model to sample with (None: the base weights, no adapter)."""
+    vision: Any = None
+    """The prompt's images (`vision.VisionInputs`: pixel inputs, image token positions); None: text only."""
 
     def cancel(self) -> None:
         """Ask the engine to drop this request's sequences before its next decode step."""

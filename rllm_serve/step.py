@@ -46,9 +46,28 @@ def _install_head_hook(model: Any) -> None:
         head._rllm_rows_hook = True
 
 
-def run_forward(model: Any, pool: KVPool, items: list[tuple[Work, int]], adapters: bool, base_name: str
-                ) -> torch.Tensor:
-    """Feed `n` tokens of each work item; advance their tables; return fp32 logits (items fed to their end, V)."""
+def _image_embeds(model: Any, ids_T: torch.Tensor, items: list[tuple[Work, int]]) -> torch.Tensor:
+    """The fed tokens' input embeddings, the image tokens' rows replaced by their image's features (computed
+    once per request and policy version): what transformers' vision-language models merge before the decoder."""
+    embeds = model.get_input_embeddings()(ids_T)
+    row = 0
+    for w, n in items:
+        vision = w.request.vision
+        c = w.table.computed
+        if vision is not None and any(p in vision.row_of for p in range(c, c + n)):
+            feats = vision.features(model, w.version)
+            pairs = [(row + p - c, vision.row_of[p]) for p in range(c, c + n) if p in vision.row_of]
+            at = torch.tensor([a for a, _ in pairs], dtype=torch.long, device=embeds.device)
+            src = torch.tensor([k for _, k in pairs], dtype=torch.long, device=feats.device)
+            embeds[at] = feats[src].to(embeds.device, embeds.dtype)
+        row += n
+    return embeds
+
+
+def run_forward(model: Any, pool: KVPool, items: list[tuple[Work, int]], adapters: bool, base_name: str,
+                vision: bool = False) -> torch.Tensor:
+    """Feed `n` tokens of each work item; advance their tables; return fp32 logits (items fed to their end, V).
+    `vision`: a vision-language model, fed embeddings with the prompts' image features in place."""
     _install_head_hook(model)
     device = pool.keys[0].device
     bs = pool.block_size
@@ -103,8 +122,12 @@ def run_forward(model: Any, pool: KVPool, items: list[tuple[Work, int]], adapter
         kwargs: dict[str, Any] = {}
         if adapters:
             kwargs["adapter_names"] = names
+        if vision:
+            kwargs["inputs_embeds"] = _image_embeds(model, ids_T, items)[:, None]
+        else:
+            kwargs["input_ids"] = ids_T[:, None]
         with plan_scope(plan):
-            out = model(input_ids=ids_T[:, None], position_ids=pos_T[:, None], use_cache=False, **kwargs)
+            out = model(position_ids=pos_T[:, None], use_cache=False, **kwargs)
         logits_KV = out.logits
         if logits_KV.shape[0] != len(logit_rows):  # a head the hook could not reach: every row came back
             logits_KV = logits_KV[plan.logit_rows]

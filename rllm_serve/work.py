@@ -20,9 +20,10 @@ __all__ = ["Work", "prefix_root"]
 _order = itertools.count()
 
 
-def prefix_root(version: int, adapter: str | None) -> int:
-    """The prefix cache's chain root: KV depends on the weights (version) and on the adapter that computed it."""
-    return hash(("rllm-kv", version, adapter))
+def prefix_root(version: int, adapter: str | None, images: str | None = None) -> int:
+    """The prefix cache's chain root: KV depends on the weights (version), on the adapter that computed it, and
+    on the images behind a prompt's image tokens (the same ids stand for any image: `images` is their digest)."""
+    return hash(("rllm-kv", version, adapter)) if images is None else hash(("rllm-kv", version, adapter, images))
 
 
 @dataclass
@@ -40,7 +41,8 @@ class Work:
 
     @property
     def root(self) -> int:
-        return prefix_root(self.version, self.adapter)
+        vision = self.request.vision
+        return prefix_root(self.version, self.adapter, None if vision is None else vision.digest)
 
     @property
     def pending(self) -> int:

@@ -11,7 +11,8 @@ travel beside it, and capture keeps them on the Step.
 
 Thinking blocks (`thinking`, `redacted_thinking`) have no Chat form: a request's are dropped from what is rendered
 and kept by the caller in the Step's metadata, as the issue asks. Not translated (refused by name, never
-silently dropped): image and document blocks, server tools (they run on Anthropic's side).
+silently dropped): document blocks, server tools (they run on Anthropic's side). A user's `image` blocks become
+Chat `image_url` parts (a base64 source as a data URL, a url source as its URL), in place among its text.
 
 The gateway's `/v1/messages` route for Chat-only upstreams (capture/messages.py) and the policy server's native
 `/v1/messages` (rllm_serve/messages_api.py) are built on this module.
@@ -70,9 +71,24 @@ def _user_turn(content: Any, index: int) -> list[dict[str, Any]]:
             out.append({"role": "tool", "tool_call_id": block.get("tool_use_id"), "content": text})
         else:
             rest.append(block)
-    if rest:
+    if any(isinstance(b, dict) and b.get("type") == "image" for b in rest):
+        out.append({"role": "user", "content": [_image_part(b) if b.get("type") == "image" else
+                                                {"type": "text", "text": _text([b], f"messages[{index}]")}
+                                                for b in rest if isinstance(b, dict) and b.get("type") not in
+                                                _THINKING]})
+    elif rest:
         out.append({"role": "user", "content": _text(rest, f"messages[{index}]")})
     return out
+
+
+def _image_part(block: dict[str, Any]) -> dict[str, Any]:
+    """An Anthropic `image` block as the Chat `image_url` part it is."""
+    src = block.get("source") or {}
+    if src.get("type") == "base64":
+        url = f"data:{src.get('media_type') or 'image/png'};base64,{src.get('data') or ''}"
+    else:
+        url = str(src.get("url") or "")
+    return {"type": "image_url", "image_url": {"url": url}}
 
 
 def _assistant_turn(content: Any, index: int) -> dict[str, Any]:

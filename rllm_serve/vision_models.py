@@ -1,0 +1,114 @@
+"""Vision-language models as the server and trainer load them: a model directory or Hub id, and ``tiny-vlm``.
+
+A directory (or id) whose config has a vision tower loads with `AutoModelForImageTextToText` and its
+`AutoProcessor` (the image processor that expands image markers into image tokens); SmolVLM / Idefics3 serve and
+train here. Qwen2-VL's processor needs torchvision (its video processor), which does not install beside this
+torch, so it is refused by name (`UNSUPPORTED`) rather than failing deep inside transformers.
+
+``tiny-vlm``: a seeded random SmolVLM (transformers' Idefics3) built in code, for tests and smoke runs.
+
+SmolVLM is SmolLM2 with a SigLIP vision tower and a pixel-shuffle connector, so this one reuses the embedded
+model's tokenizer with SmolVLM's image tokens added (`<image>`, `<fake_token_around_image>`, `<global-img>`, the
+`<row_i_col_j>` tags) and SmolLM2's ChatML template, taught to render a message's image parts as `<image>`. Its
+text model is tiny-random's shape (hidden 64, 2 layers); its vision tower is one 32-wide layer over 64×64 images
+in 16-pixel patches, so an image becomes 4 `<image>` tokens after the connector (scale factor 2). Nothing is
+downloaded: the processor is transformers' PIL image processor (no torchvision), one global image, no splitting.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+__all__ = ["TINY_VLM", "VISION_CHAT_TEMPLATE", "is_vision_dir", "load_vision_model", "tiny_vlm",
+           "tiny_vlm_tokenizer"]
+
+TINY_VLM = "tiny-vlm"
+_SEED = 4321
+IMAGE_SIZE = 64
+
+VISION_CHAT_TEMPLATE = (
+    "{% for message in messages %}"
+    "{% if loop.first and messages[0]['role'] != 'system' %}"
+    "{{ '<|im_start|>system\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\n' }}"
+    "{% endif %}"
+    "{{ '<|im_start|>' + message['role'] + '\n' }}"
+    "{% if message['content'] is string %}{{ message['content'] }}"
+    "{% else %}{% for part in message['content'] %}"
+    "{% if part['type'] == 'image' %}{{ '<image>' }}{% elif part['type'] == 'text' %}{{ part['text'] }}{% endif %}"
+    "{% endfor %}{% endif %}"
+    "{{ '<|im_end|>\n' }}"
+    "{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}"
+)
+"""SmolLM2's ChatML template, with a content list's image parts rendered as SmolVLM's `<image>` marker."""
+
+_IMAGE_TOKENS = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "<global-img>",
+                 *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7))]
+
+
+def tiny_vlm_tokenizer() -> Any:
+    """SmolLM2's tokenizer with SmolVLM's image tokens and the image-aware chat template."""
+    from rllm_serve.models import load_tokenizer
+
+    tok = load_tokenizer("tiny-random")
+    tok.add_special_tokens({"additional_special_tokens": _IMAGE_TOKENS})
+    tok.chat_template = VISION_CHAT_TEMPLATE
+    return tok
+
+
+def tiny_vlm(dtype: torch.dtype = torch.float32) -> tuple[Any, Any, Any]:
+    """(model, tokenizer, processor) of the seeded random SmolVLM (module docstring)."""
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
+    from transformers.models.idefics3 import Idefics3ImageProcessorPil
+
+    tok = tiny_vlm_tokenizer()
+    images = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": IMAGE_SIZE},
+                                       max_image_size={"longest_edge": IMAGE_SIZE})
+    processor = Idefics3Processor(image_processor=images, tokenizer=tok, image_seq_len=4,
+                                  chat_template=VISION_CHAT_TEMPLATE)
+    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                tie_word_embeddings=True, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id, initializer_range=0.3, model_type="llama")
+    vision = dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                  image_size=IMAGE_SIZE, patch_size=16)
+    config = Idefics3Config(vision_config=vision, text_config=text, scale_factor=2, tie_word_embeddings=True,
+                            image_token_id=tok.convert_tokens_to_ids("<image>"), pad_token_id=tok.pad_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_SEED)
+        model = Idefics3ForConditionalGeneration(config)
+    model.config.name_or_path = TINY_VLM
+    model.generation_config.eos_token_id = tok.eos_token_id
+    return model.to(dtype).eval(), tok, processor
+
+
+UNSUPPORTED = {"qwen2_vl": "Qwen2-VL", "qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL"}
+"""Vision families whose transformers processor cannot be built without torchvision."""
+
+
+def is_vision_dir(path: str, local_only: bool) -> bool:
+    """The model at `path` (a directory or Hub id) is a vision-language model (its config has a vision tower)."""
+    from transformers import AutoConfig
+
+    try:
+        cfg = AutoConfig.from_pretrained(path, local_files_only=local_only)
+    except (OSError, ValueError):
+        return False  # the text loader says what is wrong with it
+    return getattr(cfg, "vision_config", None) is not None
+
+
+def load_vision_model(path: str, dtype: torch.dtype, local_only: bool) -> tuple[Any, Any, Any]:
+    """(model, tokenizer, processor) of a vision-language model directory or id."""
+    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+
+    from rllm_core.errors import ConfigError
+
+    kind = AutoConfig.from_pretrained(path, local_files_only=local_only).model_type
+    if kind in UNSUPPORTED:
+        raise ConfigError(f"{path} is a {UNSUPPORTED[kind]} model, whose transformers processor needs torchvision "
+                          "(not installable beside torch 2.13 here); serve an Idefics3 / SmolVLM model")
+    processor = AutoProcessor.from_pretrained(path, local_files_only=local_only)
+    model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, local_files_only=local_only)
+    return model, processor.tokenizer, processor
