@@ -22,6 +22,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rllm_core.types import Step, Trajectory, TrajectoryGroup
+from rllm_rollout.capture.images import message_images
 
 __all__ = ["OverlongRule", "TrainRow", "pack_groups", "pack_trajectory", "step_temperature"]
 
@@ -52,6 +53,9 @@ class TrainRow(BaseModel):
     policy_version: int | None = None
     """The oldest policy version among the merged steps (how stale the row is)."""
     num_steps: int = 1
+    images: list[str] = Field(default_factory=list)
+    """The images the row's prompt shows, in order (data or http(s) URLs, as the agent sent them): a vision model's
+    trainer runs them through its processor and vision tower again to score the row's image tokens."""
     metadata: dict[str, str | int | float] = Field(default_factory=dict)
 
     @model_validator(mode="after")
@@ -95,6 +99,7 @@ class _Building:
         self.versions: list[int] = []
         self.num_steps = 0
         self.temperature = step_temperature(step)
+        self.images = message_images(step.messages)
         self.add_completion(step)
 
     def extends(self, step: Step) -> bool:
@@ -109,6 +114,7 @@ class _Building:
         self.tokens += extra
         self.mask += [0] * len(extra)
         self.logprobs += [0.0] * len(extra)
+        self.images = message_images(step.messages)  # the whole conversation so far: every image up to here
         self.add_completion(step)
 
     def add_completion(self, step: Step) -> None:
@@ -173,7 +179,7 @@ def pack_trajectory(
             advantages=[advantage * m for m in mask], group_id=group_id, trajectory_id=trajectory.id,
             role=trajectory.name if role is None else role,
             policy_version=min(b.versions) if b.versions else None, num_steps=b.num_steps,
-            temperature=b.temperature,
+            temperature=b.temperature, images=b.images,
         ))
     return rows, metrics
 

@@ -47,6 +47,7 @@ class LocalTorchBackend(BackendBase):
         self._max_batch_size = max_batch_size
         self._server_threads = server_threads
         self.trainer: Any = None
+        self.processor: Any = None
         self.server: Any = None
         self.policy_version = 0
         self.trainer_threads: int | None = None
@@ -75,18 +76,20 @@ class LocalTorchBackend(BackendBase):
         loaded = self._loaded or load_model(config.model, dtype=torch.float32, device=config.device)
         pad = loaded.tokenizer.pad_token_id if loaded.tokenizer.pad_token_id is not None else 0
         self.tokenizer = loaded.tokenizer
+        self.processor = loaded.processor  # a VLM's: saved with each checkpoint (it holds the tokenizer)
+        vision = {"processor": loaded.processor, "train_vision": options.train_vision}
         if options.policy_server:  # rollouts on another host's server (remote_server.py): it gets our weights
-            self.trainer = TorchTrainer(loaded.model, config, pad_token_id=int(pad))
+            self.trainer = TorchTrainer(loaded.model, config, pad_token_id=int(pad), **vision)
             self.server = connect_remote_server(options.policy_server, config)
             self.policy_version = self._push(self.trainer.serving_state_dict(), version=0)
             return
         serve_copy = copy.copy(loaded)
         if config.roles:  # the server serves the trainer's own PeftModel: built first, then copied
-            self.trainer = TorchTrainer(loaded.model, config, pad_token_id=int(pad))
+            self.trainer = TorchTrainer(loaded.model, config, pad_token_id=int(pad), **vision)
             serve_copy.model = copy.deepcopy(self.trainer.model).eval().requires_grad_(False)
         else:
             serve_copy.model = copy.deepcopy(loaded.model).eval().to(_server_dtype(options, config.device))
-            self.trainer = TorchTrainer(loaded.model, config, pad_token_id=int(pad))
+            self.trainer = TorchTrainer(loaded.model, config, pad_token_id=int(pad), **vision)
         self.server = start_policy_server(serve_copy, max_batch_size=self._max_batch_size,
                                           threads=server_threads,
                                           default_adapter=SHARED_ADAPTER if config.roles else None,
@@ -167,7 +170,8 @@ class LocalTorchBackend(BackendBase):
     def save(self, path: Path) -> None:
         """A model directory any tool loads (checkpoint_io.py), with the resume state beside it."""
         self._require()
-        self.trainer.save(path, tokenizer=self.tokenizer, base_model=self.config.model if self.config else None,
+        self.trainer.save(path, tokenizer=self.processor or self.tokenizer,
+                          base_model=self.config.model if self.config else None,
                           policy_version=self.policy_version)
 
     def load(self, path: Path) -> None:

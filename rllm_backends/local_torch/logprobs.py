@@ -13,7 +13,7 @@ N × N mask), and only the trained positions through lm_head, LOGPROB_CHUNK at a
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from typing import Any
 
@@ -157,22 +157,40 @@ def enable_packed_attention(model: torch.nn.Module) -> bool:
 
 
 def packed_logprobs(model: torch.nn.Module, packed: PackedRows, temperature: float = 1.0,
-                    with_entropy: bool = False, chunk: int = LOGPROB_CHUNK, checkpoint: bool = False
+                    with_entropy: bool = False, chunk: int = LOGPROB_CHUNK, checkpoint: bool = False,
+                    images: Callable[[torch.nn.Module], torch.Tensor | None] | None = None, image_token: int = -1
                     ) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs [K] of the packed rows' scored tokens (and their entropy, detached), the same rule as
     `sequence_logprobs`. The model must have `enable_packed_attention`. Only the K scored positions go through
     lm_head, `chunk` at a time; `checkpoint` recomputes each chunk's logits in backward instead of keeping its
-    [chunk × vocab] log-softmax (less memory, one more lm_head matmul)."""
+    [chunk × vocab] log-softmax (less memory, one more lm_head matmul). `images(model)`: a vision-language
+    model's features for the pack's `image_token` positions, in pack order (vision_rows.py)."""
     lm = _causal_lm(model)
+    inputs: dict[str, Any] = {"input_ids": packed.input_ids_1N}
+    if images is not None:  # a vision-language model: its decoder, fed embeddings with the image features in place
+        inputs = {"inputs_embeds": _with_images(lm, packed.input_ids_1N, images(model), image_token)}
     token = _NO_MASK.set(True)
     try:
-        hidden_1NH = lm.base_model(input_ids=packed.input_ids_1N, position_ids=packed.position_ids_1N,
-                                   use_cache=False, packed_groups=packed.groups).last_hidden_state
+        body = lm.get_decoder() if images is not None else lm.base_model
+        hidden_1NH = body(**inputs, position_ids=packed.position_ids_1N, use_cache=False,
+                          packed_groups=packed.groups).last_hidden_state
     finally:
         _NO_MASK.reset(token)
     hidden_KH = hidden_1NH[0].index_select(0, packed.source_K)
     return chunked_token_logprobs(hidden_KH, lm.get_output_embeddings(), packed.input_ids_1N[0, packed.index_K],
                                   temperature, with_entropy, chunk, checkpoint)
+
+
+def _with_images(lm: Any, ids_1N: torch.Tensor, feats: torch.Tensor | None, image_token: int) -> torch.Tensor:
+    """The input embeddings with the image tokens' rows replaced by the image features (transformers' merge)."""
+    embeds = lm.get_input_embeddings()(ids_1N)
+    where = ids_1N == image_token
+    found = int(where.sum())
+    if found != (0 if feats is None else feats.shape[0]):
+        raise ValueError(f"{found} image tokens in the pack for {0 if feats is None else feats.shape[0]} features")
+    if feats is None:
+        return embeds
+    return embeds.masked_scatter(where[..., None].expand_as(embeds), feats.to(embeds.dtype))
 
 
 def chunked_token_logprobs(hidden_KH: torch.Tensor, lm_head: torch.nn.Module, targets_K: torch.Tensor,

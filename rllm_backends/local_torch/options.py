@@ -35,6 +35,10 @@ class LocalOptions(BaseModel):
     """An `rllm serve --admin-token` on another host (its URL): rollouts sample there and every step's weights are
     pushed to it (PUT /admin/weights, token from $RLLM_SERVE_ADMIN_TOKEN). None: a server in this process."""
 
+    train_vision: bool = False
+    """A vision-language model's vision tower and connector train too (default: frozen, their features computed
+    without autograd; with --lora-rank the adapters go on the text decoder only either way)."""
+
     @field_validator("micro_batch_tokens", "server_threads", "trainer_threads", mode="before")
     @classmethod
     def _whole_tokens(cls, value: Any) -> Any:

@@ -42,9 +42,11 @@ from rllm_backends.local_torch.logprobs import (
     sequence_logprobs,
 )
 from rllm_backends.local_torch.options import DEFAULT_MICRO_BATCH_TOKENS, LocalOptions
-from rllm_backends.local_torch.packed_rows import first_trained
+from rllm_backends.local_torch.packed_rows import MIN_SHARED_PREFIX, first_trained
+from rllm_backends.local_torch.vision_rows import LORA_EXCLUDE, RowImages, freeze_vision
 from rllm_core.errors import ConfigError, TrainingError
 from rllm_serve.heap import release_free_memory
+from rllm_serve.vision import is_vision_model
 from rllm_train.algorithms import policy_loss_with_metrics
 from rllm_train.algorithms.correction import correction_weights, mismatch_metrics, offpolicy_metrics
 from rllm_train.backend import parse_backend_options
@@ -157,7 +159,8 @@ def check_device(device: str) -> torch.device:
 class TorchTrainer:
     """Owns the trainable model, its optimizer and schedule; `train_step(rows)` is one update."""
 
-    def __init__(self, model: torch.nn.Module, config: TrainConfig, pad_token_id: int = 0) -> None:
+    def __init__(self, model: torch.nn.Module, config: TrainConfig, pad_token_id: int = 0, processor: Any = None,
+                 train_vision: bool = False) -> None:
         self.config = config
         self.device = check_device(config.device)
         self.pad_token_id = pad_token_id
@@ -167,6 +170,10 @@ class TorchTrainer:
                 model.activation_checkpointing_enable({"use_reentrant": False})
             else:
                 model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.vision = is_vision_model(model)
+        """A vision-language model: rows' images go through its vision tower (vision_rows.py)."""
+        if self.vision and not train_vision:
+            freeze_vision(model)
         self.adapters: list[str] = adapter_names(config.roles)
         """The per-role LoRA adapters (`shared` first); [] without --roles."""
         self.lora = config.lora_rank > 0 or bool(self.adapters)
@@ -176,6 +183,10 @@ class TorchTrainer:
         self.model.train()
         self.packed = enable_packed_attention(self.model)
         """Rows packed without padding (SDPA models); False: padded micro-batches of --micro-batch-size rows."""
+        self.row_images = RowImages(processor, model, train_vision) if self.vision else None
+        if self.vision and not self.packed:
+            raise TrainingError(f"{type(model).__name__} cannot run the packed forward images are trained with "
+                                "(its attention is not SDPA); load it with attn_implementation='sdpa'")
         self.token_budget = micro_batch_tokens(config)
         # KL to the starting policy: LoRA gets it for free (adapters off); full fine-tuning keeps a frozen copy.
         self.ref_model: torch.nn.Module | None = None
@@ -360,20 +371,31 @@ class TorchTrainer:
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The same tensors from one packed forward (no padding, lm_head on trained positions only, in chunks
         of LOGPROB_CHUNK), scattered into the [B, T−start] layout the loss takes (0 where nothing is trained)."""
-        packed = pack_rows([r.tokens for r in chunk], [r.loss_mask for r in chunk], self.device)
+        images = self._images(chunk)
+        packed = pack_rows([r.tokens for r in chunk], [r.loss_mask for r in chunk], self.device,
+                           min_shared=0 if any(r.images for r in chunk) else MIN_SHARED_PREFIX)  # features in row order
         shape = (len(chunk), max(len(r.tokens) for r in chunk) - start)
         where = (packed.row_K, packed.col_K - start)
 
         def scatter(values_K: torch.Tensor) -> torch.Tensor:
             return values_K.new_zeros(shape).index_put(where, values_K)
 
-        logp_K, ent_K = packed_logprobs(self.model, packed, temperature, with_entropy=True, chunk=LOGPROB_CHUNK)
+        token = self.row_images.token if self.row_images else -1
+        logp_K, ent_K = packed_logprobs(self.model, packed, temperature, with_entropy=True, chunk=LOGPROB_CHUNK,
+                                        images=images, image_token=token)
         assert ent_K is not None
         ref_BT = None
         if self.config.kl_coef > 0:
             with torch.no_grad(), self._reference() as ref:
-                ref_BT = scatter(packed_logprobs(ref, packed, temperature)[0])
+                ref_BT = scatter(packed_logprobs(ref, packed, temperature, images=images, image_token=token)[0])
         return scatter(logp_K), scatter(ent_K), ref_BT
+
+    def _images(self, chunk: Sequence[TrainRow]) -> Any:
+        """For a vision-language model, `model → the chunk's image features` (packed_logprobs); else None."""
+        if self.row_images is None:
+            return None
+        row_images = self.row_images
+        return lambda model: row_images.features(model, [r.images for r in chunk], [r.tokens for r in chunk])
 
     @contextlib.contextmanager
     def _reference(self) -> Iterator[torch.nn.Module]:
@@ -453,7 +475,8 @@ def _wrap_lora(model: torch.nn.Module, config: TrainConfig, adapters: Sequence[s
     from peft import LoraConfig, get_peft_model
 
     rank = config.lora_rank if config.lora_rank > 0 else ROLE_LORA_RANK
-    lora = LoraConfig(r=rank, lora_alpha=config.lora_alpha, target_modules="all-linear", lora_dropout=0.0)
+    lora = LoraConfig(r=rank, lora_alpha=config.lora_alpha, target_modules="all-linear", lora_dropout=0.0,
+                      exclude_modules=LORA_EXCLUDE if is_vision_model(model) else None)
     names = list(adapters) or ["default"]
     with warnings.catch_warnings():  # peft probes transformers' deprecated `is_gradient_checkpointing`
         warnings.filterwarnings("ignore", message=".*is_gradient_checkpointing.*", category=FutureWarning)

@@ -1,0 +1,263 @@
+"""Images in, served and trained (issue 35): a tiny random SmolVLM (`tiny-vlm`: Idefics3 built from its config in
+code, SmolLM2's tokenizer plus SmolVLM's image tokens) served by the policy server with exact ids and logprobs,
+captured in-process and through the gateway, trained (full and LoRA) with the trainer's logprobs equal to the
+server's; bad images are one-line 400s and `bad_input` episodes."""
+
+from __future__ import annotations
+
+import base64
+import io
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import torch
+
+import rllm
+from rllm_core.types import Trajectory
+from rllm_envs.benchmarks.geometry_figures import draw_figure, image_part
+from rllm_rollout.gateway import UpstreamConfig, start_gateway
+from rllm_serve.vision import decode_image, fetch_image, hf_messages
+
+CIRCLE = image_part(draw_figure("circle", {"r": 3}))
+TRIANGLE = image_part(draw_figure("triangle_angle", {"a": 50, "b": 60}))
+QUESTION = {"type": "text", "text": "What is the radius?"}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[Any]:
+    from rllm_serve import load_model, start_policy_server
+
+    with start_policy_server(load_model("tiny-vlm"), max_batch_size=4) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def reference() -> Any:
+    from rllm_serve import load_model
+
+    return load_model("tiny-vlm")
+
+
+def _chat(server: Any, messages: list[dict], **extra: Any) -> httpx.Response:
+    body = {"model": "tiny-vlm", "max_tokens": 6, "messages": messages, "return_token_ids": True, "logprobs": True,
+            **extra}
+    return httpx.post(server.base_url + "/chat/completions", json=body, timeout=120)
+
+
+def _processed(ref: Any, messages: list[dict]) -> Any:
+    """What transformers' own processor makes of these messages (the reference the server must equal)."""
+    import asyncio
+
+    parts, sources = hf_messages(messages)
+    images = [decode_image(asyncio.run(fetch_image(s))) for s in sources]
+    text = ref.tokenizer.apply_chat_template(parts, tokenize=False, add_generation_prompt=True)
+    return ref.processor(text=[text], images=[images], return_tensors="pt", add_special_tokens=False)
+
+
+def _reference_logprobs(ref: Any, inputs: Any, completion: list[int]) -> list[float]:
+    """Logprobs of `completion` by transformers' full forward with the pixel values (its own image merge)."""
+    prompt = inputs["input_ids"][0].tolist()
+    with torch.no_grad():
+        logits = ref.model(input_ids=torch.tensor([prompt + completion]), pixel_values=inputs["pixel_values"],
+                           pixel_attention_mask=inputs["pixel_attention_mask"]).logits[0].float()
+    logp = torch.log_softmax(logits, -1)
+    return [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(completion)]
+
+
+def test_the_server_expands_images_as_the_processor_does_and_samples_with_exact_logprobs(
+        server: Any, reference: Any) -> None:
+    messages = [{"role": "user", "content": [CIRCLE, QUESTION]}]
+    reply = _chat(server, messages, n=2, seed=7, temperature=1.0)
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    inputs = _processed(reference, messages)
+    image_token = reference.model.config.image_token_id
+    assert body["prompt_token_ids"] == inputs["input_ids"][0].tolist()
+    assert body["prompt_token_ids"].count(image_token) == 4  # 64×64 image, 16-px patches, pixel shuffle 2
+    for choice in body["choices"]:
+        served = [c["logprob"] for c in choice["logprobs"]["content"]]
+        mine = _reference_logprobs(reference, inputs, choice["token_ids"])
+        assert max(abs(a - b) for a, b in zip(served, mine, strict=True)) < 1e-4
+
+
+def test_the_same_text_with_another_image_is_never_served_from_the_first_ones_kv(server: Any, reference: Any) -> None:
+    """Image tokens have the same ids for every image: the prefix cache must key them by the image too."""
+    outs = []
+    for image in (CIRCLE, TRIANGLE, CIRCLE):
+        messages = [{"role": "user", "content": [image, QUESTION]}]
+        body = _chat(server, messages, temperature=0).json()
+        lps = [c["logprob"] for c in body["choices"][0]["logprobs"]["content"]]
+        mine = _reference_logprobs(reference, _processed(reference, messages), body["choices"][0]["token_ids"])
+        assert max(abs(a - b) for a, b in zip(lps, mine, strict=True)) < 1e-4
+        outs.append(body["prompt_token_ids"])
+    assert outs[0] == outs[1] == outs[2]  # same ids, different images: only the features differ
+
+
+def test_responses_and_messages_apis_take_their_own_image_parts(server: Any) -> None:
+    url = CIRCLE["image_url"]["url"]
+    chat = _chat(server, [{"role": "user", "content": [CIRCLE, QUESTION]}], temperature=0).json()
+    responses = httpx.post(server.base_url + "/responses", timeout=120, json={
+        "model": "tiny-vlm", "max_output_tokens": 6, "temperature": 0,
+        "input": [{"role": "user", "content": [{"type": "input_image", "image_url": url},
+                                               {"type": "input_text", "text": QUESTION["text"]}]}]})
+    messages = httpx.post(server.base_url + "/messages", timeout=120, json={
+        "model": "tiny-vlm", "max_tokens": 6, "temperature": 0, "return_token_ids": True,
+        "messages": [{"role": "user", "content": [
+            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": url.split(",", 1)[1]}},
+            {"type": "text", "text": QUESTION["text"]}]}]})
+    assert responses.status_code == 200 and messages.status_code == 200, (responses.text, messages.text)
+    assert responses.json()["output"][0]["content"][0]["text"] == chat["choices"][0]["message"]["content"]
+    assert messages.json()["prompt_token_ids"] == chat["prompt_token_ids"]
+
+
+def _png_of_size(w: int, h: int) -> str:
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (w, h), "white").save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def test_bad_images_are_one_line_400s_and_the_server_keeps_serving(server: Any, monkeypatch: pytest.MonkeyPatch
+                                                                   ) -> None:
+    from rllm_serve import vision
+
+    monkeypatch.setattr(vision, "MAX_IMAGE_PIXELS", 100 * 100)
+    bad = {
+        "http://127.0.0.1:9/figure.png": "cannot be fetched",
+        "data:image/png;base64," + base64.b64encode(b"not a png at all").decode(): "cannot be decoded",
+        _png_of_size(300, 200): "300×200 pixels",
+        "ftp://example.org/x.png": "neither a data: URL nor http",
+    }
+    for url, why in bad.items():
+        reply = _chat(server, [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}])
+        assert reply.status_code == 400, reply.text
+        message = reply.json()["error"]["message"]
+        assert why in message and "\n" not in message
+    monkeypatch.undo()
+    assert _chat(server, [{"role": "user", "content": [CIRCLE, QUESTION]}]).status_code == 200
+
+
+def test_a_bad_image_in_a_benchmark_is_a_bad_input_episode_not_a_crash(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from rllm_envs.benchmarks import geometry_figures
+    from rllm_envs.eval.runner import EvalOptions, run_eval
+
+    monkeypatch.setattr(geometry_figures, "image_part", lambda png: {
+        "type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png[:40]).decode()}})
+    result = run_eval(EvalOptions(benchmark="geometry-figures", max_examples=2, model="tiny-vlm",
+                                  output=tmp_path / "run", progress=False))
+    assert result.summary.reasons == {"bad_input": 2}
+
+
+@rllm.rollout
+def looks_at_the_figure(task: rllm.Task, config: rllm.RolloutConfig) -> str:
+    from openai import OpenAI
+
+    client = OpenAI(base_url=config.base_url, api_key="EMPTY")  # an agent written the usual way
+    r = client.chat.completions.create(model=config.model, max_tokens=6,
+                                       messages=[{"role": "user", "content": [CIRCLE, QUESTION]}])
+    return r.choices[0].message.content or ""
+
+
+@pytest.mark.parametrize("through_gateway", [False, True], ids=["in_process", "gateway"])
+def test_a_multimodal_episode_is_captured_with_the_expanded_ids_and_its_image(
+        server: Any, reference: Any, through_gateway: bool) -> None:
+    task = rllm.Task(id="fig", instruction="look")
+    if through_gateway:
+        with start_gateway([UpstreamConfig(url=server.base_url)]) as gw:
+            episode = looks_at_the_figure.run(task, gateway=gw, model="tiny-vlm")
+    else:
+        episode = looks_at_the_figure.run(task, base_url=server.base_url, model="tiny-vlm")
+    assert episode.error is None, episode.error
+    [step] = episode.steps
+    expected = _processed(reference, [{"role": "user", "content": [CIRCLE, QUESTION]}])["input_ids"][0].tolist()
+    assert step.prompt_token_ids == expected and step.token_source == "server"
+    assert step.messages is not None and step.messages[0]["content"][0] == CIRCLE  # the image, recorded
+    assert step.logprobs and len(step.logprobs) == len(step.completion_token_ids or [])
+
+
+def _rows(server: Any, n: int = 4) -> list[Any]:
+    """Training rows of real sampled episodes (two figures, two samples each), advantages ±1."""
+    from rllm_train.packing import pack_trajectory
+
+    rows = []
+    for i, image in enumerate((CIRCLE, TRIANGLE)[: n // 2] * 1):
+        messages = [{"role": "user", "content": [image, QUESTION]}]
+        body = _chat(server, messages, n=2, temperature=1.0, seed=i).json()
+        for j, choice in enumerate(body["choices"]):
+            step = rllm.Step(messages=messages, prompt_token_ids=body["prompt_token_ids"],
+                             completion_token_ids=choice["token_ids"], token_source="server",
+                             logprobs=[c["logprob"] for c in choice["logprobs"]["content"]],
+                             params={"temperature": 1.0})
+            rows += pack_trajectory(Trajectory(steps=[step]), 1.0 if j == 0 else -1.0, group_id=str(i))[0]
+    return rows
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+def test_two_training_steps_score_as_the_server_sampled_and_train_the_text_side(server: Any, lora: bool) -> None:
+    from rllm_backends.local_torch.trainer import TorchTrainer
+    from rllm_serve import load_model
+    from rllm_train.config import TrainConfig
+
+    rows = _rows(server)
+    assert all(r.images == [rows[0].images[0]] or r.images == [TRIANGLE["image_url"]["url"]] for r in rows)
+    loaded = load_model("tiny-vlm")
+    config = TrainConfig(benchmark="x", model="tiny-vlm", lr=1e-5, lora_rank=4 if lora else 0, bf16=False)
+    trainer = TorchTrainer(loaded.model, config, processor=loaded.processor)
+    names = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
+    assert names and not any("vision_model" in n or "connector" in n for n in names)  # frozen / no LoRA there
+    assert all("lora_" in n for n in names) == lora
+    before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
+    trainer.model.eval()
+    with torch.no_grad():
+        start = min(r.loss_mask.index(1) for r in rows)
+        logp_BT, _, _ = trainer._score_packed(rows, start, 1.0)
+    for b, row in enumerate(rows):
+        for j, m in enumerate(row.loss_mask):
+            if m:
+                assert abs(float(logp_BT[b, j - start]) - row.sampling_logprobs[j]) < 1e-4
+    first, second = trainer.train_step(rows), trainer.train_step(rows)
+    assert abs(first["train/mismatch_kl"]) < 1e-6  # before any update the trainer is the sampler
+    assert first["train/grad_norm"] > 0 and second["train/grad_norm"] > 0
+    assert abs(second["train/mismatch_kl"]) > 1e-6  # the first update moved the policy
+    after = dict(trainer.model.named_parameters())
+    changed = [n for n in names if not torch.equal(before[n], after[n].detach())]
+    assert changed
+    vision = [n for n in before if "vision_model" in n]
+    assert vision and all(torch.equal(before[n], after[n].detach()) for n in vision)
+
+
+def test_rllm_train_and_eval_a_vision_model_on_the_generated_benchmark(tmp_path: Path) -> None:
+    """The whole path a user runs: 2 LoRA steps on geometry-figures, then `rllm eval` of the run (checkpoint with
+    its processor, LoRA on the text decoder), episodes holding image tokens and stored images."""
+    import json
+
+    from typer.testing import CliRunner
+
+    from rllm.cli.app import build_app
+    from rllm_core.io import read_jsonl
+    from rllm_envs.eval.runner import EvalOptions, run_eval
+
+    run = tmp_path / "run"
+    res = CliRunner().invoke(build_app(), [
+        "train", "geometry-figures", "--model", "tiny-vlm", "--lora-rank", "4", "--max-steps", "2",
+        "--batch-size", "2", "--group-size", "2", "--max-tokens", "8", "--eval-examples", "0", "--no-bf16",
+        "--no-progress", "--output", str(run)])
+    assert res.exit_code == 0, res.output
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    train = [r for r in records if r["kind"] == "train"]
+    assert [r["step"] for r in train] == [1, 2]
+    assert abs(train[0]["train/mismatch_kl"]) < 1e-5  # the trainer scored the image rows as the server sampled
+    assert (run / "checkpoints" / "step_2" / "processor_config.json").is_file()
+    result = run_eval(EvalOptions(benchmark="geometry-figures", model=str(run), max_examples=2,
+                                  output=tmp_path / "eval", progress=False, max_tokens=8))
+    assert result.summary.n_episodes == 2 and result.summary.errors == 0
+    for ep in read_jsonl(result.episodes_path):
+        [step] = ep.steps
+        assert 49153 in (step.prompt_token_ids or [])  # tiny-vlm's <image> token, expanded by the server
+        url = step.messages[0]["content"][1]["image_url"]["url"]
+        assert url.startswith("rllm-media://") and (tmp_path / "eval" / "media" / url.split("//")[1]).is_file()
