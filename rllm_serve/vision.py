@@ -21,6 +21,7 @@ import base64
 import binascii
 import hashlib
 import io
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -29,7 +30,8 @@ import torch
 from rllm_rollout.capture.images import hf_messages, image_source
 
 __all__ = ["MAX_IMAGE_BYTES", "MAX_IMAGE_PIXELS", "BadImage", "VisionInputs", "decode_image", "encode_prompt",
-           "fetch_image", "hf_messages", "image_features", "image_source", "is_vision_model", "read_image_sync"]
+           "fetch_image", "hf_messages", "image_features", "image_source", "is_vision_model", "pixel_inputs",
+           "read_image_sync"]
 
 MAX_IMAGE_BYTES = 20 * 2**20
 """Largest encoded image accepted (OpenAI's own limit per image is 20 MB)."""
@@ -179,6 +181,14 @@ def image_token_id(model: Any) -> int:
     if value is None:
         raise BadImage(f"{type(cfg).__name__} names no image token id")
     return int(value)
+
+
+def pixel_inputs(processor: Any, sources: Sequence[str]) -> dict[str, torch.Tensor]:
+    """The image processor's tensors for one prompt's images (read again from their sources), as the processor
+    computed them beside the prompt's text when the request was served: a trainer's inputs for those images."""
+    images = [decode_image(read_image_sync(src)) for src in sources]
+    out = processor.image_processor(images=[images], return_tensors="pt")
+    return {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
 
 
 def encode_prompt(processor: Any, model: Any, text: str, images: list[Any]) -> tuple[list[int], VisionInputs | None]:

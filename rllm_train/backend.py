@@ -125,8 +125,19 @@ class BackendCapabilities:
     """True when train_step returns before the update is done (a future): the loop overlaps its own I/O."""
     colocated: bool = False
     """True when sampling and training share devices, so before/after_rollouts wake and free the engine."""
+    images: bool = False
+    """It trains rows whose prompts show images (a vision-language model: pixel inputs beside the tokens)."""
     notes: dict[str, str] = field(default_factory=dict)
     """Option name → why it is refused, said in the error (e.g. {"agg": "verl scales it by the batch size"})."""
+
+
+def check_images(rows: Sequence[TrainRow], caps: BackendCapabilities, backend: str) -> None:
+    """Refuse, by the backend's name, rows with images on a backend that would train their tokens without them."""
+    with_images = sum(1 for r in rows if r.images)
+    if with_images and not caps.images:
+        why = caps.notes.get("images")
+        raise TrainingError(f"backend {backend!r} cannot train on images ({with_images} rows of this step show "
+                            f"some{': ' + why if why else ''}); train a vision-language model with --backend local")
 
 
 def check_capabilities(config: TrainConfig, caps: BackendCapabilities, backend: str) -> None:

@@ -31,7 +31,7 @@ from rllm_core.types import Episode, Task, group_trajectories
 from rllm_rollout.executor import RolloutExecutor
 from rllm_rollout.rollout import Rollout
 from rllm_train.algorithms import filter_groups, group_advantages
-from rllm_train.backend import Backend, check_capabilities, create_backend, resolve_metrics
+from rllm_train.backend import Backend, check_capabilities, check_images, create_backend, resolve_metrics
 from rllm_train.checkpoints import clean_partial_checkpoints, latest_checkpoint, read_state, save_checkpoint
 from rllm_train.config import TrainConfig, load_config
 from rllm_train.display import TrainDisplay
@@ -141,6 +141,7 @@ class _Stages:
                 log.info("step %d skipped: %s", step, metrics["skipped"])  # the display prints it once
                 self._save_episodes(step, episodes)
             else:
+                check_images(rows, backend.capabilities(), backend.name)
                 display.phase(f"step {step}: train on {len(rows)} rows")
                 with timer("train"):
                     if config.max_staleness:  # a worker thread: the event loop drives the next steps' rollouts

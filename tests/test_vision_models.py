@@ -261,3 +261,30 @@ def test_rllm_train_and_eval_a_vision_model_on_the_generated_benchmark(tmp_path:
         assert 49153 in (step.prompt_token_ids or [])  # tiny-vlm's <image> token, expanded by the server
         url = step.messages[0]["content"][1]["image_url"]["url"]
         assert url.startswith("rllm-media://") and (tmp_path / "eval" / "media" / url.split("//")[1]).is_file()
+
+
+def test_verl_gets_each_rows_images_as_multi_modal_inputs_and_tinker_refuses_images_by_name(
+        server: Any, reference: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    import numpy as np
+
+    from rllm_backends.verl.batch import VerlBatchError, rows_to_dataproto
+    from rllm_serve.vision import pixel_inputs
+    from rllm_train.backend import check_images, create_backend
+    from rllm_train.config import TrainConfig
+
+    rows = _rows(server)
+    data = rows_to_dataproto(rows, pad_token_id=0, multi_modal=lambda r: pixel_inputs(reference.processor, r.images))
+    inputs = data.non_tensor_batch["multi_modal_inputs"]
+    assert isinstance(inputs, np.ndarray) and len(inputs) == len(rows)
+    for row, mm in zip(rows, inputs, strict=True):
+        messages = [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": row.images[0]}},
+                                                 QUESTION]}]
+        assert torch.equal(mm["pixel_values"], _processed(reference, messages)["pixel_values"])
+    with pytest.raises(VerlBatchError, match="no processor"):
+        rows_to_dataproto(rows, pad_token_id=0)
+    monkeypatch.setenv("TINKER_API_KEY", "not-used: capabilities only")
+    tinker = create_backend("tinker", TrainConfig(benchmark="x", model="tiny-vlm", backend="tinker"))
+    with pytest.raises(Exception, match=r"backend 'tinker' cannot train on images \(4 rows.*no image chunks"):
+        check_images(rows, tinker.capabilities(), tinker.name)
+    local = create_backend("local", TrainConfig(benchmark="x", model="tiny-vlm"))
+    check_images(rows, local.capabilities(), local.name)  # the local backend trains them

@@ -58,7 +58,7 @@ class LocalTorchBackend(BackendBase):
         """Every loss option (the loss is ours, computed here); the server holds its own copy of the weights, so
         nothing needs waking or freeing around rollouts; train_step is synchronous; one LoRA adapter per role
         (--roles), all served at once."""
-        return BackendCapabilities(role_adapters=True, rollout_is=True, async_rollouts=True)
+        return BackendCapabilities(role_adapters=True, rollout_is=True, async_rollouts=True, images=True)
 
     def setup(self, config: TrainConfig) -> None:
         import torch

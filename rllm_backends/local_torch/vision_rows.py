@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from rllm_core.errors import TrainingError
-from rllm_serve.vision import BadImage, decode_image, image_features_grad, image_token_id, read_image_sync
+from rllm_serve.vision import BadImage, image_features_grad, image_token_id, pixel_inputs
 
 __all__ = ["LORA_EXCLUDE", "RowImages", "freeze_vision"]
 
@@ -60,11 +60,9 @@ class RowImages:
             self._pixels.move_to_end(key)
             return cached
         try:
-            images = [decode_image(read_image_sync(src)) for src in sources]
+            cached = self._pixels[key] = pixel_inputs(self.processor, sources)
         except BadImage as exc:
             raise TrainingError(f"a training row's image cannot be read again: {exc}") from None
-        out = self.processor.image_processor(images=[images], return_tensors="pt")
-        cached = self._pixels[key] = {k: v for k, v in out.items() if isinstance(v, torch.Tensor)}
         if len(self._pixels) > _CACHE_ROWS:
             self._pixels.popitem(last=False)
         return cached

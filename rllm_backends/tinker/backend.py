@@ -117,6 +117,7 @@ class TinkerBackend(BackendBase):
             async_rollouts=True,
             notes={"n_gpus": "the Tinker service chooses the GPUs it trains on", "nnodes": "the Tinker service "
                    "chooses the machines it trains on",
+                   "images": "rllm's Tinker datums carry tokens only (no image chunks)",
                    "recompute_old_logprobs": "Tinker's sampler reports the logprobs the update uses as π_old; "
                                              "there is no separate recompute pass",
                    "device": "the update runs on the Tinker service; --device only matters locally",

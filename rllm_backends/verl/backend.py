@@ -79,6 +79,7 @@ class VerlBackend(BackendBase):
         self._cluster: Any = None  # GPU: VerlGpuCluster
         self._ray: Any = None
         self.tokenizer: Any = None
+        self.processor: Any = None
         self.pad_token_id = 0
 
     def capabilities(self) -> BackendCapabilities:
@@ -86,8 +87,10 @@ class VerlBackend(BackendBase):
         return BackendCapabilities(
             losses=frozenset({"ppo", "gspo", "sft"}), agg_modes=frozenset(AGG_MODES), kl_types=frozenset(),
             lora=gpu, recompute_old_logprobs=not gpu, devices=frozenset({"cpu", "cuda"}), async_train_step=True,
-            colocated=gpu, multi_gpu=gpu, async_rollouts=not gpu, rollout_is=not gpu,
+            colocated=gpu, multi_gpu=gpu, async_rollouts=not gpu, rollout_is=not gpu, images=gpu,
             notes={"loss": "verl 0.9 has no plain importance-sampling loss",
+                   "images": "rows' images go to verl as multi_modal_inputs on its GPU path (--device cuda), where "
+                             "its vision-language recipes run; its CPU path is not tried with one",
                    "kl_type": "the verl backend computes no reference log-probs yet (verl's ppo_loss needs "
                               "ref_log_prob); the mapping onto use_kl_loss / kl_loss_type is tested, the reference "
                               "worker is not wired",
@@ -108,6 +111,7 @@ class VerlBackend(BackendBase):
         path = model_dir(config.model)
         self.model_path = path
         self.tokenizer = load_tokenizer(path) if Path(path).is_dir() else None
+        self.processor = _vision_processor(path)
         pad = getattr(self.tokenizer, "pad_token_id", None)
         self.pad_token_id = int(pad if pad is not None else getattr(self.tokenizer, "eos_token_id", 0) or 0)
         self._connect_ray()
@@ -176,8 +180,18 @@ class VerlBackend(BackendBase):
         self._require()
         from rllm_backends.verl.batch import rows_to_dataproto
 
-        data = rows_to_dataproto(list(rows), pad_token_id=self.pad_token_id, temperature=self.config.temperature)
+        data = rows_to_dataproto(list(rows), pad_token_id=self.pad_token_id, temperature=self.config.temperature,
+                                 multi_modal=self._pixels if self.processor is not None else None)
         return self._pool.submit(self._update, data, list(rows))
+
+    def _pixels(self, row: TrainRow) -> dict[str, Any]:
+        """A row's images as its processor's tensors: verl's `multi_modal_inputs` for that row."""
+        from rllm_serve.vision import BadImage, pixel_inputs
+
+        try:
+            return pixel_inputs(self.processor, row.images)
+        except BadImage as exc:
+            raise TrainingError(f"a training row's image cannot be read again: {exc}") from None
 
     def _update(self, data: Any, rows: list[TrainRow]) -> dict[str, float]:
         import ray
@@ -316,3 +330,16 @@ def _rename_metrics(raw: dict[str, Any], rows: list[TrainRow]) -> dict[str, floa
 def _last_line(exc: BaseException) -> str:
     lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
     return lines[-1] if lines else type(exc).__name__
+
+
+def _vision_processor(path: str) -> Any:
+    """The processor of a vision-language model directory (its rows' images become pixel inputs); None else."""
+    if not Path(path).is_dir():
+        return None
+    from rllm_serve.vision_models import is_vision_dir
+
+    if not is_vision_dir(path, local_only=True):
+        return None
+    from transformers import AutoProcessor
+
+    return AutoProcessor.from_pretrained(path, local_files_only=True)

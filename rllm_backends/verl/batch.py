@@ -21,6 +21,8 @@ old_log_probs       float32 [B, R]  row.old_logprobs when recomputed, else the b
 advantages          float32 [B, R]  per token, 0 where response_mask is 0
 uid (non-tensor)    object  [B]     row.group_id (verl groups GRPO by it; our advantages are final already)
 trajectory_id       object  [B]     row.trajectory_id
+multi_modal_inputs  object  [B]     rows with images: the processor's tensors for them (pixel_values, ...),
+                                    as verl's agent loop stores them; its engine passes them to the model
 =================== ======= ==========================================================================
 
 meta_info: ``temperature`` (the engine divides logits by it, ``transformer_impl.py:1159``), ``pad_token_id``
@@ -41,7 +43,7 @@ first token is marked trained is split after it. verl needs a non-empty prompt p
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from rllm_core.errors import TrainingError
@@ -110,13 +112,15 @@ def rows_to_dataproto(
     max_prompt_len: int | None = None,
     max_response_len: int | None = None,
     temperature: float | None = None,
+    multi_modal: Callable[[TrainRow], dict[str, Any]] | None = None,
 ) -> DataProto:
     """One verl `DataProto` for `rows` (layout in the module docstring).
 
     `max_prompt_len` / `max_response_len` fix the padded widths (verl's ``rollout.prompt_length`` /
     ``response_length``: static shapes); None uses the batch's longest. A row longer than a fixed width is
     refused, not cut: truncation is packing's job, where it is counted. `temperature` is the configured
-    sampling temperature, used for rows that did not record theirs.
+    sampling temperature, used for rows that did not record theirs. `multi_modal(row)`: a row's images as the
+    processor's tensors (a vision-language model); rows with images and no `multi_modal` are refused.
     """
     import numpy as np
     import torch
@@ -163,6 +167,11 @@ def rows_to_dataproto(
         "uid": np.array([row.group_id for row in rows], dtype=object),
         "trajectory_id": np.array([row.trajectory_id for row in rows], dtype=object),
     }
+    if any(row.images for row in rows):
+        if multi_modal is None:
+            raise VerlBatchError("rows show images but the model has no processor to turn them into pixel inputs")
+        non_tensors["multi_modal_inputs"] = np.array([multi_modal(row) if row.images else {} for row in rows],
+                                                     dtype=object)
     meta_info: dict[str, Any] = {
         "temperature": temp, "pad_token_id": pad_token_id, "global_batch_size": B, "mini_batch_size": B,
         "global_token_num": attention_mask.sum(dim=-1).tolist(),
