@@ -24,7 +24,7 @@ from rllm_serve.packed_linear import PackedLayers, pack_linear_layers, packs_rel
 from rllm_serve.paged_attention import PAGED_ATTENTION
 from rllm_serve.sampling import SamplingParams, sample_tokens, scaled_logprobs, top_logprobs_batch
 from rllm_serve.step import run_forward
-from rllm_serve.vision import is_vision_model
+from rllm_serve.vision import is_vision_model, uses_mrope
 from rllm_serve.work import Work
 
 __all__ = ["ModelRunner"]
@@ -44,6 +44,8 @@ class ModelRunner:
         """LoRA adapters requests can name (peft model); () for a plain model."""
         self.vision = is_vision_model(self.model)
         """A vision-language model: its image features go into the prompt's embedding rows (step.py)."""
+        self.mrope = self.vision and uses_mrope(self.model)
+        """Its decoder takes 3-D rotary positions (Qwen2-VL)."""
         try:  # a vision model's tower keeps its own attention: only the text decoder reads the paged KV
             self.model.set_attn_implementation({"text_config": PAGED_ATTENTION} if self.vision else PAGED_ATTENTION)
         except (AttributeError, ValueError) as exc:
@@ -133,7 +135,7 @@ class ModelRunner:
         model = self.model if version == current else self.old_models.get(version, self.model)
         seeded = self.batch_invariant and any(w.request.params.seed is not None for w, _ in items)
         with batch_invariant(seeded):
-            return run_forward(model, pool, items, bool(self.adapters), BASE_ADAPTER, self.vision)
+            return run_forward(model, pool, items, bool(self.adapters), BASE_ADAPTER, self.vision, self.mrope)
 
     def sample(self, logits_KV: torch.Tensor, params: list[SamplingParams], generators: list[torch.Generator]
                ) -> tuple[list[int], list[float], list[Any]]:

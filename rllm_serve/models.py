@@ -31,7 +31,7 @@ import torch
 from rllm_core.errors import ConfigError
 from rllm_core.home import rllm_home
 from rllm_serve.run_model import checkpoint_info, resolve_checkpoint
-from rllm_serve.vision_models import TINY_VLM, is_vision_dir, load_vision_model, tiny_vlm, tiny_vlm_tokenizer
+from rllm_serve.vision_models import BUILTIN_VISION, TINY_VLM, is_vision_dir, load_vision_model, tiny_vlm_tokenizer
 
 __all__ = ["BASE_ADAPTER", "BUILTIN_MODELS", "EMBEDDED_GGUF", "LoadedModel", "load_checkpoint_model", "load_model",
            "load_tokenizer", "lora_adapters", "model_dir", "rllm_home"]
@@ -39,7 +39,7 @@ __all__ = ["BASE_ADAPTER", "BUILTIN_MODELS", "EMBEDDED_GGUF", "LoadedModel", "lo
 log = logging.getLogger("rllm.serving.models")
 
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-BUILTIN_MODELS = ("smollm2-135m", "tiny-random", "tiny-vlm")
+BUILTIN_MODELS = ("smollm2-135m", "tiny-random", "tiny-vlm", "tiny-qwen2-vl")
 _TINY_SEED = 1234
 BASE_ADAPTER = "__base__"
 """peft's name, in a mixed-adapter batch, for a row computed with the base weights alone."""
@@ -243,6 +243,8 @@ def load_tokenizer(name_or_path: str = "smollm2-135m") -> Any:
 
     if name_or_path == TINY_VLM:
         return tiny_vlm_tokenizer()
+    if name_or_path in BUILTIN_VISION:
+        return BUILTIN_VISION[name_or_path](torch.float32)[1]
     if name_or_path in BUILTIN_MODELS:
         return _no_cleanup(AutoTokenizer.from_pretrained(_tokenizer_cache(name_or_path)))
     return _no_cleanup(AutoTokenizer.from_pretrained(name_or_path))
@@ -309,14 +311,14 @@ def model_dir(name_or_path: str) -> str:
         return str(_smollm2_cache())
     if name_or_path == "tiny-random":
         return str(_tiny_random_cache())
-    if name_or_path == TINY_VLM:
-        model, _, processor = tiny_vlm(torch.float32)
+    if name_or_path in BUILTIN_VISION:
+        model, _, processor = BUILTIN_VISION[name_or_path](torch.float32)
 
         def write(tmp: Path) -> None:
             model.save_pretrained(tmp, safe_serialization=True)
             processor.save_pretrained(tmp)
 
-        target = rllm_home() / "models" / TINY_VLM
+        target = rllm_home() / "models" / name_or_path
         return str(target if (target / "config.json").exists() else _write_atomically(target, write))
     if (ckpt := resolve_checkpoint(name_or_path)) is not None:  # a run: its checkpoint is a model directory
         if checkpoint_info(ckpt).kind != "full":
@@ -361,8 +363,8 @@ def load_model(name_or_path: str = "smollm2-135m", dtype: torch.dtype = torch.fl
     processor = None
     if name_or_path == "tiny-random":
         model, tok = _tiny_random(dtype)
-    elif name_or_path == TINY_VLM:
-        model, tok, processor = tiny_vlm(dtype)
+    elif name_or_path in BUILTIN_VISION:
+        model, tok, processor = BUILTIN_VISION[name_or_path](dtype)
     else:
         path = str(_smollm2_cache()) if name_or_path == "smollm2-135m" else os.path.expanduser(name_or_path)
         if path.startswith(("/", ".")) and not Path(path).is_dir():

@@ -26,6 +26,7 @@ from rllm_serve.paged_attention import (
     pow2_width,
     visible_keys,
 )
+from rllm_serve.vision import rope_positions
 from rllm_serve.work import Work
 
 __all__ = ["run_forward"]
@@ -65,9 +66,10 @@ def _image_embeds(model: Any, ids_T: torch.Tensor, items: list[tuple[Work, int]]
 
 
 def run_forward(model: Any, pool: KVPool, items: list[tuple[Work, int]], adapters: bool, base_name: str,
-                vision: bool = False) -> torch.Tensor:
+                vision: bool = False, mrope: bool = False) -> torch.Tensor:
     """Feed `n` tokens of each work item; advance their tables; return fp32 logits (items fed to their end, V).
-    `vision`: a vision-language model, fed embeddings with the prompts' image features in place."""
+    `vision`: a vision-language model, fed embeddings with the prompts' image features in place; `mrope`: its
+    decoder takes 3-D rotary positions (Qwen2-VL), while the KV layout and causality keep the 1-D ones."""
     _install_head_hook(model)
     device = pool.keys[0].device
     bs = pool.block_size
@@ -126,8 +128,10 @@ def run_forward(model: Any, pool: KVPool, items: list[tuple[Work, int]], adapter
             kwargs["inputs_embeds"] = _image_embeds(model, ids_T, items)[:, None]
         else:
             kwargs["input_ids"] = ids_T[:, None]
+        rope = (torch.cat([rope_positions(w.request.vision, w.table.computed, n) for w, n in items], 1)[:, :, None]
+                .to(device) if mrope else pos_T[:, None])
         with plan_scope(plan):
-            out = model(position_ids=pos_T[:, None], use_cache=False, **kwargs)
+            out = model(position_ids=rope, use_cache=False, **kwargs)
         logits_KV = out.logits
         if logits_KV.shape[0] != len(logit_rows):  # a head the hook could not reach: every row came back
             logits_KV = logits_KV[plan.logit_rows]

@@ -31,7 +31,7 @@ from rllm_rollout.capture.images import hf_messages, image_source
 
 __all__ = ["MAX_IMAGE_BYTES", "MAX_IMAGE_PIXELS", "BadImage", "VisionInputs", "decode_image", "encode_prompt",
            "fetch_image", "hf_messages", "image_features", "image_source", "is_vision_model", "pixel_inputs",
-           "read_image_sync"]
+           "read_image_sync", "rope_index", "rope_positions", "uses_mrope"]
 
 MAX_IMAGE_BYTES = 20 * 2**20
 """Largest encoded image accepted (OpenAI's own limit per image is 20 MB)."""
@@ -134,6 +134,10 @@ class VisionInputs:
     """Prompt indices of the image tokens, in order: feature row k goes to position positions[k]."""
     digest: str
     """Hash of the images' bytes: KV computed over these image tokens is reused only for the same images."""
+    mrope: torch.Tensor | None = None
+    """Qwen2-VL's 3-D rotary positions of the prompt's tokens [3, prompt length] (None: 1-D positions)."""
+    rope_delta: int = 0
+    """With `mrope`: a token after the prompt at index p has position p + rope_delta in all three sections."""
     _features: dict[int, torch.Tensor] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
@@ -173,6 +177,39 @@ def image_features_grad(model: Any, extras: dict[str, torch.Tensor]) -> torch.Te
     return feats.reshape(-1, feats.shape[-1])
 
 
+def uses_mrope(model: Any) -> bool:
+    """The model's text decoder takes 3-D rotary positions (Qwen2-VL's multimodal rope)."""
+    cfg = _vision_part(model).config
+    text = cfg.get_text_config() if hasattr(cfg, "get_text_config") else cfg
+    for name in ("rope_parameters", "rope_scaling"):
+        value = getattr(text, name, None)
+        if isinstance(value, dict) and "mrope_section" in value:
+            return True
+    return False
+
+
+def rope_index(model: Any, ids: Sequence[int], extras: dict[str, torch.Tensor]) -> tuple[torch.Tensor, int]:
+    """Qwen2-VL's 3-D positions [3, len(ids)] of a token sequence with its images (transformers' own
+    `get_rope_index`), and the delta a later token adds to its index."""
+    inner = _vision_part(model)
+    ids_1L = torch.tensor([list(ids)], dtype=torch.long)
+    kinds = (ids_1L == image_token_id(model)).int()
+    grid = extras.get("image_grid_thw")
+    pos, delta = inner.model.get_rope_index(ids_1L, kinds, grid, None, torch.ones_like(ids_1L))
+    return pos[:, 0].to(torch.long), int(torch.as_tensor(delta).reshape(-1)[0])
+
+
+def rope_positions(vision: VisionInputs | None, start: int, n: int) -> torch.Tensor:
+    """The 3-D rotary positions [3, n] of tokens start..start+n of a request (1-D ones, repeated, without images)."""
+    ps = torch.arange(start, start + n, dtype=torch.long)
+    if vision is None or vision.mrope is None:
+        return ps.expand(3, n).clone()
+    out = (ps + vision.rope_delta).expand(3, n).clone()
+    inside = ps < vision.mrope.shape[1]
+    out[:, inside] = vision.mrope[:, ps[inside]]
+    return out
+
+
 def image_token_id(model: Any) -> int:
     cfg = _vision_part(model).config
     value = getattr(cfg, "image_token_id", None)
@@ -203,8 +240,12 @@ def encode_prompt(processor: Any, model: Any, text: str, images: list[Any]) -> t
         raise BadImage(f"the processor refused these images: {' '.join(str(exc).split())[:160]}") from None
     ids = out["input_ids"][0].tolist()
     token = image_token_id(model)
-    extras = {k: v for k, v in out.items() if k not in ("input_ids", "attention_mask", "token_type_ids")}
+    extras = {k: v for k, v in out.items()
+              if k not in ("input_ids", "attention_mask", "token_type_ids", "mm_token_type_ids")}
     digest = hashlib.sha256()
     for img in images:
         digest.update(img.tobytes())
-    return ids, VisionInputs(extras, [i for i, t in enumerate(ids) if t == token], digest.hexdigest())
+    vision = VisionInputs(extras, [i for i, t in enumerate(ids) if t == token], digest.hexdigest())
+    if uses_mrope(model):
+        vision.mrope, vision.rope_delta = rope_index(model, ids, extras)
+    return ids, vision

@@ -2,10 +2,12 @@
 
 A directory (or id) whose config has a vision tower loads with `AutoModelForImageTextToText` and its
 `AutoProcessor` (the image processor that expands image markers into image tokens); SmolVLM / Idefics3 serve and
-train here. Qwen2-VL's processor needs torchvision (its video processor), which does not install beside this
-torch, so it is refused by name (`UNSUPPORTED`) rather than failing deep inside transformers.
+train here. So do Qwen2-VL and Qwen2.5-VL (3-D rotary positions, vision.py), with one adjustment: transformers'
+`Qwen2VLProcessor` insists on its video processor, which needs torchvision (it does not install beside this torch),
+so they get `ImagesOnlyQwen2VLProcessor`: the same processor class, images only.
 
-``tiny-vlm``: a seeded random SmolVLM (transformers' Idefics3) built in code, for tests and smoke runs.
+``tiny-vlm``: a seeded random SmolVLM (transformers' Idefics3) built in code, for tests and smoke runs;
+``tiny-qwen2-vl``: the same for Qwen2-VL.
 
 SmolVLM is SmolLM2 with a SigLIP vision tower and a pixel-shuffle connector, so this one reuses the embedded
 model's tokenizer with SmolVLM's image tokens added (`<image>`, `<fake_token_around_image>`, `<global-img>`, the
@@ -21,10 +23,11 @@ from typing import Any
 
 import torch
 
-__all__ = ["TINY_VLM", "VISION_CHAT_TEMPLATE", "is_vision_dir", "load_vision_model", "tiny_vlm",
-           "tiny_vlm_tokenizer"]
+__all__ = ["TINY_QWEN2_VL", "TINY_VLM", "VISION_CHAT_TEMPLATE", "is_vision_dir", "load_vision_model", "tiny_qwen2_vl",
+           "tiny_vlm", "tiny_vlm_tokenizer"]
 
 TINY_VLM = "tiny-vlm"
+TINY_QWEN2_VL = "tiny-qwen2-vl"
 _SEED = 4321
 IMAGE_SIZE = 64
 
@@ -84,8 +87,61 @@ def tiny_vlm(dtype: torch.dtype = torch.float32) -> tuple[Any, Any, Any]:
     return model.to(dtype).eval(), tok, processor
 
 
-UNSUPPORTED = {"qwen2_vl": "Qwen2-VL", "qwen2_5_vl": "Qwen2.5-VL", "qwen3_vl": "Qwen3-VL"}
-"""Vision families whose transformers processor cannot be built without torchvision."""
+QWEN_VL = ("qwen2_vl", "qwen2_5_vl")
+"""Families loaded with the images-only Qwen2-VL processor."""
+
+
+def images_only_qwen_processor() -> type:
+    """`Qwen2VLProcessor` without its video processor (module docstring); built on first use."""
+    from transformers import Qwen2VLProcessor
+    from transformers.processing_utils import ProcessorMixin
+
+    class ImagesOnlyQwen2VLProcessor(Qwen2VLProcessor):
+        def __init__(self, image_processor: Any = None, tokenizer: Any = None, chat_template: Any = None,
+                     **kwargs: Any) -> None:
+            self.image_token, self.video_token = "<|image_pad|>", "<|video_pad|>"
+            self.image_token_id = tokenizer.convert_tokens_to_ids(self.image_token)
+            self.video_token_id = tokenizer.convert_tokens_to_ids(self.video_token)
+            ProcessorMixin.__init__(self, image_processor, tokenizer, chat_template=chat_template)
+
+    return ImagesOnlyQwen2VLProcessor
+
+
+QWEN_CHAT_TEMPLATE = VISION_CHAT_TEMPLATE.replace("'<image>'", "'<|vision_start|><|image_pad|><|vision_end|>'")
+
+
+def tiny_qwen2_vl(dtype: torch.dtype = torch.float32) -> tuple[Any, Any, Any]:
+    """(model, tokenizer, processor) of a seeded random Qwen2-VL: tiny-random's text shape with 3-D rotary
+    sections, a one-layer vision tower over 14-pixel patches merged 2×2, SmolLM2's tokenizer + Qwen's vision
+    tokens; images are resized to at most 56×56 (4-16 image tokens)."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
+
+    from rllm_serve.models import load_tokenizer
+
+    tok = load_tokenizer("tiny-random")
+    tok.add_special_tokens({"additional_special_tokens": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
+                                                         "<|video_pad|>"]})
+    tok.chat_template = QWEN_CHAT_TEMPLATE
+    images = Qwen2VLImageProcessorPil(min_pixels=28 * 28 * 4, max_pixels=56 * 56 * 4, patch_size=14, merge_size=2)
+    processor = images_only_qwen_processor()(image_processor=images, tokenizer=tok, chat_template=QWEN_CHAT_TEMPLATE)
+    text = dict(vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048, initializer_range=0.3,
+                bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+                rope_scaling={"type": "mrope", "rope_type": "default", "mrope_section": [2, 3, 3]})
+    vision = dict(depth=1, embed_dim=32, hidden_size=64, num_heads=2, mlp_ratio=2, patch_size=14,
+                  spatial_merge_size=2, in_chans=3, temporal_patch_size=2)
+    config = Qwen2VLConfig(text_config=text, vision_config=vision, tie_word_embeddings=True,
+                           image_token_id=processor.image_token_id, video_token_id=processor.video_token_id,
+                           vision_start_token_id=tok.convert_tokens_to_ids("<|vision_start|>"),
+                           bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_SEED)
+        model = Qwen2VLForConditionalGeneration(config)
+    model.config.name_or_path = TINY_QWEN2_VL
+    model.generation_config.eos_token_id = tok.eos_token_id
+    model.generation_config.bos_token_id = tok.bos_token_id
+    return model.to(dtype).eval(), tok, processor
 
 
 def is_vision_dir(path: str, local_only: bool) -> bool:
@@ -103,12 +159,19 @@ def load_vision_model(path: str, dtype: torch.dtype, local_only: bool) -> tuple[
     """(model, tokenizer, processor) of a vision-language model directory or id."""
     from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
 
-    from rllm_core.errors import ConfigError
-
     kind = AutoConfig.from_pretrained(path, local_files_only=local_only).model_type
-    if kind in UNSUPPORTED:
-        raise ConfigError(f"{path} is a {UNSUPPORTED[kind]} model, whose transformers processor needs torchvision "
-                          "(not installable beside torch 2.13 here); serve an Idefics3 / SmolVLM model")
-    processor = AutoProcessor.from_pretrained(path, local_files_only=local_only)
+    if kind in QWEN_VL:
+        from transformers import AutoImageProcessor, AutoTokenizer
+
+        tok = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+        images = AutoImageProcessor.from_pretrained(path, local_files_only=local_only)
+        processor = images_only_qwen_processor()(image_processor=images, tokenizer=tok,
+                                                 chat_template=getattr(tok, "chat_template", None))
+    else:
+        processor = AutoProcessor.from_pretrained(path, local_files_only=local_only)
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, local_files_only=local_only)
     return model, processor.tokenizer, processor
+
+
+BUILTIN_VISION = {TINY_VLM: tiny_vlm, TINY_QWEN2_VL: tiny_qwen2_vl}
+"""The built-in vision-language models, by name: each builds (model, tokenizer, processor) in code."""

@@ -1,7 +1,8 @@
-"""Images in, served and trained (issue 35): a tiny random SmolVLM (`tiny-vlm`: Idefics3 built from its config in
-code, SmolLM2's tokenizer plus SmolVLM's image tokens) served by the policy server with exact ids and logprobs,
-captured in-process and through the gateway, trained (full and LoRA) with the trainer's logprobs equal to the
-server's; bad images are one-line 400s and `bad_input` episodes."""
+"""Images in, served and trained (issue 35), for both families: a tiny random SmolVLM (`tiny-vlm`: Idefics3 built
+from its config in code, SmolLM2's tokenizer plus SmolVLM's image tokens) and a tiny random Qwen2-VL
+(`tiny-qwen2-vl`: 3-D rotary positions), served by the policy server with exact ids and logprobs, captured
+in-process and through the gateway, trained (full and LoRA) with the trainer's logprobs equal to the server's; bad
+images are one-line 400s and `bad_input` episodes."""
 
 from __future__ import annotations
 
@@ -26,23 +27,31 @@ TRIANGLE = image_part(draw_figure("triangle_angle", {"a": 50, "b": 60}))
 QUESTION = {"type": "text", "text": "What is the radius?"}
 
 
+FAMILIES = ["tiny-vlm", "tiny-qwen2-vl"]
+
+
+@pytest.fixture(scope="module", params=FAMILIES)
+def name(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
 @pytest.fixture(scope="module")
-def server() -> Iterator[Any]:
+def server(name: str) -> Iterator[Any]:
     from rllm_serve import load_model, start_policy_server
 
-    with start_policy_server(load_model("tiny-vlm"), max_batch_size=4) as s:
+    with start_policy_server(load_model(name), max_batch_size=4) as s:
         yield s
 
 
 @pytest.fixture(scope="module")
-def reference() -> Any:
+def reference(name: str) -> Any:
     from rllm_serve import load_model
 
-    return load_model("tiny-vlm")
+    return load_model(name)
 
 
 def _chat(server: Any, messages: list[dict], **extra: Any) -> httpx.Response:
-    body = {"model": "tiny-vlm", "max_tokens": 6, "messages": messages, "return_token_ids": True, "logprobs": True,
+    body = {"model": server.model_name, "max_tokens": 6, "messages": messages, "return_token_ids": True, "logprobs": True,
             **extra}
     return httpx.post(server.base_url + "/chat/completions", json=body, timeout=120)
 
@@ -60,9 +69,12 @@ def _processed(ref: Any, messages: list[dict]) -> Any:
 def _reference_logprobs(ref: Any, inputs: Any, completion: list[int]) -> list[float]:
     """Logprobs of `completion` by transformers' full forward with the pixel values (its own image merge)."""
     prompt = inputs["input_ids"][0].tolist()
+    extras = {k: v for k, v in inputs.items() if k not in ("input_ids", "attention_mask")}
+    if "mm_token_type_ids" in extras:  # Qwen2-VL: which tokens are image tokens, for its 3-D positions
+        kinds = extras["mm_token_type_ids"]
+        extras["mm_token_type_ids"] = torch.cat([kinds, kinds.new_zeros(1, len(completion))], 1)
     with torch.no_grad():
-        logits = ref.model(input_ids=torch.tensor([prompt + completion]), pixel_values=inputs["pixel_values"],
-                           pixel_attention_mask=inputs["pixel_attention_mask"]).logits[0].float()
+        logits = ref.model(input_ids=torch.tensor([prompt + completion]), **extras).logits[0].float()
     logp = torch.log_softmax(logits, -1)
     return [float(logp[len(prompt) - 1 + i, t]) for i, t in enumerate(completion)]
 
@@ -76,7 +88,8 @@ def test_the_server_expands_images_as_the_processor_does_and_samples_with_exact_
     inputs = _processed(reference, messages)
     image_token = reference.model.config.image_token_id
     assert body["prompt_token_ids"] == inputs["input_ids"][0].tolist()
-    assert body["prompt_token_ids"].count(image_token) == 4  # 64×64 image, 16-px patches, pixel shuffle 2
+    # tiny-vlm: 64×64, 16-px patches, pixel shuffle 2 → 4; tiny-qwen2-vl: ≤ 56×56·4 px, 14-px patches merged 2×2
+    assert body["prompt_token_ids"].count(image_token) == {"tiny-vlm": 4}.get(server.model_name, 12)
     for choice in body["choices"]:
         served = [c["logprob"] for c in choice["logprobs"]["content"]]
         mine = _reference_logprobs(reference, inputs, choice["token_ids"])
@@ -100,11 +113,11 @@ def test_responses_and_messages_apis_take_their_own_image_parts(server: Any) -> 
     url = CIRCLE["image_url"]["url"]
     chat = _chat(server, [{"role": "user", "content": [CIRCLE, QUESTION]}], temperature=0).json()
     responses = httpx.post(server.base_url + "/responses", timeout=120, json={
-        "model": "tiny-vlm", "max_output_tokens": 6, "temperature": 0,
+        "model": server.model_name, "max_output_tokens": 6, "temperature": 0,
         "input": [{"role": "user", "content": [{"type": "input_image", "image_url": url},
                                                {"type": "input_text", "text": QUESTION["text"]}]}]})
     messages = httpx.post(server.base_url + "/messages", timeout=120, json={
-        "model": "tiny-vlm", "max_tokens": 6, "temperature": 0, "return_token_ids": True,
+        "model": server.model_name, "max_tokens": 6, "temperature": 0, "return_token_ids": True,
         "messages": [{"role": "user", "content": [
             {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": url.split(",", 1)[1]}},
             {"type": "text", "text": QUESTION["text"]}]}]})
@@ -141,14 +154,14 @@ def test_bad_images_are_one_line_400s_and_the_server_keeps_serving(server: Any, 
     assert _chat(server, [{"role": "user", "content": [CIRCLE, QUESTION]}]).status_code == 200
 
 
-def test_a_bad_image_in_a_benchmark_is_a_bad_input_episode_not_a_crash(tmp_path: Path,
+def test_a_bad_image_in_a_benchmark_is_a_bad_input_episode_not_a_crash(tmp_path: Path, name: str,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     from rllm_envs.benchmarks import geometry_figures
     from rllm_envs.eval.runner import EvalOptions, run_eval
 
     monkeypatch.setattr(geometry_figures, "image_part", lambda png: {
         "type": "image_url", "image_url": {"url": "data:image/png;base64," + base64.b64encode(png[:40]).decode()}})
-    result = run_eval(EvalOptions(benchmark="geometry-figures", max_examples=2, model="tiny-vlm",
+    result = run_eval(EvalOptions(benchmark="geometry-figures", max_examples=2, model=name,
                                   output=tmp_path / "run", progress=False))
     assert result.summary.reasons == {"bad_input": 2}
 
@@ -169,9 +182,9 @@ def test_a_multimodal_episode_is_captured_with_the_expanded_ids_and_its_image(
     task = rllm.Task(id="fig", instruction="look")
     if through_gateway:
         with start_gateway([UpstreamConfig(url=server.base_url)]) as gw:
-            episode = looks_at_the_figure.run(task, gateway=gw, model="tiny-vlm")
+            episode = looks_at_the_figure.run(task, gateway=gw, model=server.model_name)
     else:
-        episode = looks_at_the_figure.run(task, base_url=server.base_url, model="tiny-vlm")
+        episode = looks_at_the_figure.run(task, base_url=server.base_url, model=server.model_name)
     assert episode.error is None, episode.error
     [step] = episode.steps
     expected = _processed(reference, [{"role": "user", "content": [CIRCLE, QUESTION]}])["input_ids"][0].tolist()
@@ -198,18 +211,20 @@ def _rows(server: Any, n: int = 4) -> list[Any]:
 
 
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
-def test_two_training_steps_score_as_the_server_sampled_and_train_the_text_side(server: Any, lora: bool) -> None:
+def test_two_training_steps_score_as_the_server_sampled_and_train_the_text_side(server: Any, name: str,
+                                                                               lora: bool) -> None:
     from rllm_backends.local_torch.trainer import TorchTrainer
     from rllm_serve import load_model
     from rllm_train.config import TrainConfig
 
     rows = _rows(server)
     assert all(r.images == [rows[0].images[0]] or r.images == [TRIANGLE["image_url"]["url"]] for r in rows)
-    loaded = load_model("tiny-vlm")
-    config = TrainConfig(benchmark="x", model="tiny-vlm", lr=1e-5, lora_rank=4 if lora else 0, bf16=False)
+    loaded = load_model(name)
+    config = TrainConfig(benchmark="x", model=name, lr=1e-5, lora_rank=4 if lora else 0, bf16=False)
     trainer = TorchTrainer(loaded.model, config, processor=loaded.processor)
     names = [n for n, p in trainer.model.named_parameters() if p.requires_grad]
-    assert names and not any("vision_model" in n or "connector" in n for n in names)  # frozen / no LoRA there
+    vision_parts = ("vision_model", "connector", "visual")
+    assert names and not any(part in n for part in vision_parts for n in names)  # frozen / no LoRA there
     assert all("lora_" in n for n in names) == lora
     before = {n: p.detach().clone() for n, p in trainer.model.named_parameters()}
     trainer.model.eval()
@@ -227,11 +242,12 @@ def test_two_training_steps_score_as_the_server_sampled_and_train_the_text_side(
     after = dict(trainer.model.named_parameters())
     changed = [n for n in names if not torch.equal(before[n], after[n].detach())]
     assert changed
-    vision = [n for n in before if "vision_model" in n]
+    vision = [n for n in before if any(part in n for part in vision_parts)]
     assert vision and all(torch.equal(before[n], after[n].detach()) for n in vision)
 
 
-def test_rllm_train_and_eval_a_vision_model_on_the_generated_benchmark(tmp_path: Path) -> None:
+def test_rllm_train_and_eval_a_vision_model_on_the_generated_benchmark(tmp_path: Path, reference: Any,
+                                                                      name: str) -> None:
     """The whole path a user runs: 2 LoRA steps on geometry-figures, then `rllm eval` of the run (checkpoint with
     its processor, LoRA on the text decoder), episodes holding image tokens and stored images."""
     import json
@@ -244,7 +260,7 @@ def test_rllm_train_and_eval_a_vision_model_on_the_generated_benchmark(tmp_path:
 
     run = tmp_path / "run"
     res = CliRunner().invoke(build_app(), [
-        "train", "geometry-figures", "--model", "tiny-vlm", "--lora-rank", "4", "--max-steps", "2",
+        "train", "geometry-figures", "--model", name, "--lora-rank", "4", "--max-steps", "2",
         "--batch-size", "2", "--group-size", "2", "--max-tokens", "8", "--eval-examples", "0", "--no-bf16",
         "--no-progress", "--output", str(run)])
     assert res.exit_code == 0, res.output
@@ -258,7 +274,7 @@ def test_rllm_train_and_eval_a_vision_model_on_the_generated_benchmark(tmp_path:
     assert result.summary.n_episodes == 2 and result.summary.errors == 0
     for ep in read_jsonl(result.episodes_path):
         [step] = ep.steps
-        assert 49153 in (step.prompt_token_ids or [])  # tiny-vlm's <image> token, expanded by the server
+        assert reference.model.config.image_token_id in (step.prompt_token_ids or [])  # expanded by the server
         url = step.messages[0]["content"][1]["image_url"]["url"]
         assert url.startswith("rllm-media://") and (tmp_path / "eval" / "media" / url.split("//")[1]).is_file()
 
@@ -283,8 +299,20 @@ def test_verl_gets_each_rows_images_as_multi_modal_inputs_and_tinker_refuses_ima
     with pytest.raises(VerlBatchError, match="no processor"):
         rows_to_dataproto(rows, pad_token_id=0)
     monkeypatch.setenv("TINKER_API_KEY", "not-used: capabilities only")
-    tinker = create_backend("tinker", TrainConfig(benchmark="x", model="tiny-vlm", backend="tinker"))
+    tinker = create_backend("tinker", TrainConfig(benchmark="x", model=server.model_name, backend="tinker"))
     with pytest.raises(Exception, match=r"backend 'tinker' cannot train on images \(4 rows.*no image chunks"):
         check_images(rows, tinker.capabilities(), tinker.name)
-    local = create_backend("local", TrainConfig(benchmark="x", model="tiny-vlm"))
+    local = create_backend("local", TrainConfig(benchmark="x", model=server.model_name))
     check_images(rows, local.capabilities(), local.name)  # the local backend trains them
+
+
+def test_a_vision_model_directory_loads_back_with_its_processor(name: str, reference: Any) -> None:
+    """What vLLM or a full checkpoint loads: the model directory, its processor beside it (Qwen2-VL's images-only,
+    since its video processor needs torchvision)."""
+    from rllm_serve.models import load_model, model_dir
+
+    loaded = load_model(model_dir(name))
+    assert type(loaded.processor).__name__ == type(reference.processor).__name__
+    assert loaded.tokenizer.chat_template == reference.tokenizer.chat_template
+    mine, theirs = loaded.model.state_dict(), reference.model.state_dict()
+    assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)

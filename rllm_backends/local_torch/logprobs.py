@@ -158,13 +158,14 @@ def enable_packed_attention(model: torch.nn.Module) -> bool:
 
 def packed_logprobs(model: torch.nn.Module, packed: PackedRows, temperature: float = 1.0,
                     with_entropy: bool = False, chunk: int = LOGPROB_CHUNK, checkpoint: bool = False,
-                    images: Callable[[torch.nn.Module], torch.Tensor | None] | None = None, image_token: int = -1
-                    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+                    images: Callable[[torch.nn.Module], torch.Tensor | None] | None = None, image_token: int = -1,
+                    position_ids: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
     """Log-probs [K] of the packed rows' scored tokens (and their entropy, detached), the same rule as
     `sequence_logprobs`. The model must have `enable_packed_attention`. Only the K scored positions go through
     lm_head, `chunk` at a time; `checkpoint` recomputes each chunk's logits in backward instead of keeping its
     [chunk × vocab] log-softmax (less memory, one more lm_head matmul). `images(model)`: a vision-language
-    model's features for the pack's `image_token` positions, in pack order (vision_rows.py)."""
+    model's features for the pack's `image_token` positions, in pack order (vision_rows.py); `position_ids`:
+    positions other than the pack's own (Qwen2-VL's 3-D rotary ones, [3, 1, N])."""
     lm = _causal_lm(model)
     inputs: dict[str, Any] = {"input_ids": packed.input_ids_1N}
     if images is not None:  # a vision-language model: its decoder, fed embeddings with the image features in place
@@ -172,7 +173,8 @@ def packed_logprobs(model: torch.nn.Module, packed: PackedRows, temperature: flo
     token = _NO_MASK.set(True)
     try:
         body = lm.get_decoder() if images is not None else lm.base_model
-        hidden_1NH = body(**inputs, position_ids=packed.position_ids_1N, use_cache=False,
+        positions = packed.position_ids_1N if position_ids is None else position_ids
+        hidden_1NH = body(**inputs, position_ids=positions, use_cache=False,
                           packed_groups=packed.groups).last_hidden_state
     finally:
         _NO_MASK.reset(token)

@@ -371,7 +371,7 @@ class TorchTrainer:
                       ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
         """The same tensors from one packed forward (no padding, lm_head on trained positions only, in chunks
         of LOGPROB_CHUNK), scattered into the [B, T−start] layout the loss takes (0 where nothing is trained)."""
-        images = self._images(chunk)
+        images = self.row_images.chunk(chunk) if self.row_images else None  # a VLM's rows: their images
         packed = pack_rows([r.tokens for r in chunk], [r.loss_mask for r in chunk], self.device,
                            min_shared=0 if any(r.images for r in chunk) else MIN_SHARED_PREFIX)  # features in row order
         shape = (len(chunk), max(len(r.tokens) for r in chunk) - start)
@@ -380,22 +380,15 @@ class TorchTrainer:
         def scatter(values_K: torch.Tensor) -> torch.Tensor:
             return values_K.new_zeros(shape).index_put(where, values_K)
 
-        token = self.row_images.token if self.row_images else -1
+        vision = images.kwargs(self.model) if images else {}
         logp_K, ent_K = packed_logprobs(self.model, packed, temperature, with_entropy=True, chunk=LOGPROB_CHUNK,
-                                        images=images, image_token=token)
+                                        **vision)
         assert ent_K is not None
         ref_BT = None
         if self.config.kl_coef > 0:
             with torch.no_grad(), self._reference() as ref:
-                ref_BT = scatter(packed_logprobs(ref, packed, temperature, images=images, image_token=token)[0])
+                ref_BT = scatter(packed_logprobs(ref, packed, temperature, **vision)[0])
         return scatter(logp_K), scatter(ent_K), ref_BT
-
-    def _images(self, chunk: Sequence[TrainRow]) -> Any:
-        """For a vision-language model, `model → the chunk's image features` (packed_logprobs); else None."""
-        if self.row_images is None:
-            return None
-        row_images = self.row_images
-        return lambda model: row_images.features(model, [r.images for r in chunk], [r.tokens for r in chunk])
 
     @contextlib.contextmanager
     def _reference(self) -> Iterator[torch.nn.Module]:

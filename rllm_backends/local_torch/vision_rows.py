@@ -20,9 +20,9 @@ from typing import Any
 import torch
 
 from rllm_core.errors import TrainingError
-from rllm_serve.vision import BadImage, image_features_grad, image_token_id, pixel_inputs
+from rllm_serve.vision import BadImage, image_features_grad, image_token_id, pixel_inputs, rope_index, uses_mrope
 
-__all__ = ["LORA_EXCLUDE", "RowImages", "freeze_vision"]
+__all__ = ["LORA_EXCLUDE", "ChunkImages", "RowImages", "freeze_vision"]
 
 LORA_EXCLUDE = r".*(vision_model|vision_tower|visual|connector|multi_modal_projector).*"
 """Modules of a vision-language model LoRA leaves alone (peft `exclude_modules`): the vision side."""
@@ -50,6 +50,7 @@ class RowImages:
         self.processor = processor
         self.token = image_token_id(model)
         self.train_vision = train_vision
+        self.mrope = uses_mrope(model)
         self._pixels: OrderedDict[tuple[str, ...], dict[str, torch.Tensor]] = OrderedDict()
 
     def pixels(self, sources: Sequence[str]) -> dict[str, torch.Tensor]:
@@ -85,3 +86,30 @@ class RowImages:
                                     "cut inside an image by --max-seq-len?): raise --max-seq-len")
             parts.append(feats)
         return torch.cat(parts, 0) if parts else None
+
+    def chunk(self, rows: Sequence[Any]) -> ChunkImages:
+        """The images of one packed micro-batch's rows (`TrainRow`s), for `packed_logprobs`."""
+        return ChunkImages(self, [list(r.images) for r in rows], [list(r.tokens) for r in rows])
+
+    def positions(self, rows: Sequence[Sequence[str]], tokens: Sequence[Sequence[int]], model: torch.nn.Module
+                  ) -> torch.Tensor:
+        """Qwen2-VL's 3-D rotary positions [3, 1, N] of rows packed whole, one after another (each from 0)."""
+        parts = [rope_index(model, ids, self.pixels(sources))[0] if sources else
+                 torch.arange(len(ids), dtype=torch.long).expand(3, len(ids))
+                 for sources, ids in zip(rows, tokens, strict=True)]
+        return torch.cat(parts, 1)[:, None, :].to(next(model.parameters()).device)
+
+
+class ChunkImages:
+    """One micro-batch's images: `kwargs(model)` are `packed_logprobs`' image features (and 3-D positions)."""
+
+    def __init__(self, owner: RowImages, rows: list[list[str]], tokens: list[list[int]]) -> None:
+        self.owner, self.rows, self.tokens = owner, rows, tokens
+
+    def kwargs(self, model: torch.nn.Module) -> dict[str, Any]:
+        owner = self.owner
+        out: dict[str, Any] = {"images": lambda m: owner.features(m, self.rows, self.tokens),
+                               "image_token": owner.token}
+        if owner.mrope and any(self.rows):  # rows with images are packed whole (no shared prefix)
+            out["position_ids"] = owner.positions(self.rows, self.tokens, model)
+        return out
