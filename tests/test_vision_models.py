@@ -51,8 +51,8 @@ def reference(name: str) -> Any:
 
 
 def _chat(server: Any, messages: list[dict], **extra: Any) -> httpx.Response:
-    body = {"model": server.model_name, "max_tokens": 6, "messages": messages, "return_token_ids": True, "logprobs": True,
-            **extra}
+    body = {"model": server.model_name, "max_tokens": 6, "messages": messages, "return_token_ids": True,
+            "logprobs": True, **extra}
     return httpx.post(server.base_url + "/chat/completions", json=body, timeout=120)
 
 
