@@ -151,3 +151,18 @@ def test_every_api_of_the_policy_server_refuses_an_image_for_a_text_only_model()
             reply = httpx.post(server.url + path, json=body, timeout=60)
             assert reply.status_code == 400, (path, reply.text)
             assert "image" in reply.text, (path, reply.text)
+
+
+def test_geometry_shapes_asks_which_figure_with_chance_a_quarter_and_grades_the_first_shape_named() -> None:
+    from collections import Counter
+
+    bench = get_benchmark("geometry-shapes")
+    train, test = bench.load("train", max_examples=40), bench.load("test", max_examples=20)
+    assert Counter(t.ground_truth for t in test) == {"circle": 5, "triangle": 5, "lines": 5, "rectangle": 5}
+    assert not {_png(t.instruction) for t in train} & {_png(t.instruction) for t in test}
+    task = test[0]
+    assert bench.grade(task, bench.reference_response(task)).is_correct
+    other = next(t for t in test if t.ground_truth != task.ground_truth)
+    assert not bench.grade(other, bench.reference_response(task)).is_correct
+    assert bench.grade(other, "I see a " + other.ground_truth.rstrip("s") + ".").is_correct  # "line" is "lines"
+    assert bench.grade(task, "no idea").reason == "no_answer_extracted"

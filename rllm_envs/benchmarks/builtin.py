@@ -5,6 +5,7 @@ from __future__ import annotations
 from rllm_envs.benchmarks.arithmetic import arithmetic_benchmarks
 from rllm_envs.benchmarks.frozenlake import FrozenLake
 from rllm_envs.benchmarks.geometry_figures import GeometryFigures
+from rllm_envs.benchmarks.geometry_shapes import GeometryShapes
 from rllm_envs.benchmarks.hub_sets import hub_benchmarks
 from rllm_envs.benchmarks.humaneval import HumanEval
 from rllm_envs.benchmarks.math_sets import math_benchmarks
@@ -24,5 +25,6 @@ def builtin_benchmarks() -> list[Benchmark]:
         FrozenLake(8),
         *arithmetic_benchmarks(),
         GeometryFigures(),  # images in the prompt, drawn offline
+        GeometryShapes(),  # the same figures, named: chance 0.25, so learning shows
         *reasoning_gym_benchmarks(),
     ]

@@ -151,6 +151,8 @@ class GeometryFigures(Benchmark):
     category = "vision"
     reward = "exact_number"
     splits = ("train", "test")
+    reference_oracle = "answer"
+    """`rllm demos` answers each task with `reference_response` (demos/oracles.py)."""
     source = "built-in generator (figures drawn with PIL)"
     description = "geometry read from a drawn figure (triangles, parallel lines, circles, rectangles)"
     train_defaults = {"max_tokens": 16}
