@@ -39,7 +39,7 @@ __all__ = ["BASE_ADAPTER", "BUILTIN_MODELS", "EMBEDDED_GGUF", "LoadedModel", "lo
 log = logging.getLogger("rllm.serving.models")
 
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-BUILTIN_MODELS = ("smollm2-135m", "tiny-random", "tiny-vlm", "tiny-qwen2-vl")
+BUILTIN_MODELS = ("smollm2-135m", "tiny-random", "tiny-vlm", "tiny-qwen2-vl", "smollm2-135m-vision")
 _TINY_SEED = 1234
 BASE_ADAPTER = "__base__"
 """peft's name, in a mixed-adapter batch, for a row computed with the base weights alone."""

@@ -157,21 +157,67 @@ def is_vision_dir(path: str, local_only: bool) -> bool:
 
 def load_vision_model(path: str, dtype: torch.dtype, local_only: bool) -> tuple[Any, Any, Any]:
     """(model, tokenizer, processor) of a vision-language model directory or id."""
-    from transformers import AutoConfig, AutoModelForImageTextToText, AutoProcessor
+    from transformers import AutoModelForImageTextToText
 
-    kind = AutoConfig.from_pretrained(path, local_files_only=local_only).model_type
-    if kind in QWEN_VL:
-        from transformers import AutoImageProcessor, AutoTokenizer
-
-        tok = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
-        images = AutoImageProcessor.from_pretrained(path, local_files_only=local_only)
-        processor = images_only_qwen_processor()(image_processor=images, tokenizer=tok,
-                                                 chat_template=getattr(tok, "chat_template", None))
-    else:
-        processor = AutoProcessor.from_pretrained(path, local_files_only=local_only)
+    processor = _processor_of(path, local_only)
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, local_files_only=local_only)
     return model, processor.tokenizer, processor
 
 
-BUILTIN_VISION = {TINY_VLM: tiny_vlm, TINY_QWEN2_VL: tiny_qwen2_vl}
+def _processor_of(path: str, local_only: bool) -> Any:
+    """A model directory's (or id's) processor: `AutoProcessor`, or the images-only one for Qwen2-VL."""
+    from transformers import AutoConfig, AutoImageProcessor, AutoProcessor, AutoTokenizer
+
+    if AutoConfig.from_pretrained(path, local_files_only=local_only).model_type not in QWEN_VL:
+        return AutoProcessor.from_pretrained(path, local_files_only=local_only)
+    tok = AutoTokenizer.from_pretrained(path, local_files_only=local_only)
+    images = AutoImageProcessor.from_pretrained(path, local_files_only=local_only)
+    return images_only_qwen_processor()(image_processor=images, tokenizer=tok,
+                                        chat_template=getattr(tok, "chat_template", None))
+
+
+def smollm2_vision(dtype: torch.dtype = torch.float32) -> tuple[Any, Any, Any]:
+    """The embedded SmolLM2-135M-Instruct as the text model of a SmolVLM (Idefics3) whose vision tower and
+    connector are seeded random: a warm language model with a cold eye. Nothing is downloaded, so it is how the
+    offline path shows RL learning to use images (geometry-shapes); its vision tower trains with
+    `backend_options.train_vision`. 128×128 images, 16-pixel patches, pixel shuffle 2: 16 image tokens each."""
+    from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
+    from transformers.models.idefics3 import Idefics3ImageProcessorPil
+
+    from rllm_serve.models import load_model
+
+    base = load_model("smollm2-135m", dtype=torch.float32)
+    tok = base.tokenizer
+    tok.add_special_tokens({"additional_special_tokens": _IMAGE_TOKENS})
+    tok.chat_template = VISION_CHAT_TEMPLATE
+    base.model.resize_token_embeddings(len(tok), mean_resizing=True)
+    size = 128
+    images = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": size},
+                                       max_image_size={"longest_edge": size})
+    processor = Idefics3Processor(image_processor=images, tokenizer=tok, image_seq_len=16,
+                                  chat_template=VISION_CHAT_TEMPLATE)
+    vision = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
+                  image_size=size, patch_size=16)
+    config = Idefics3Config(vision_config=vision, text_config=base.model.config.to_dict(), scale_factor=2,
+                            tie_word_embeddings=True, image_token_id=tok.convert_tokens_to_ids("<image>"),
+                            pad_token_id=tok.pad_token_id)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(_SEED)
+        model = Idefics3ForConditionalGeneration(config)
+    model.model.text_model.load_state_dict(base.model.model.state_dict())
+    model.lm_head.weight = model.model.text_model.embed_tokens.weight
+    model.config.name_or_path = SMOLLM2_VISION
+    model.generation_config = base.model.generation_config
+    return model.to(dtype).eval(), tok, processor
+
+
+SMOLLM2_VISION = "smollm2-135m-vision"
+BUILTIN_VISION = {TINY_VLM: tiny_vlm, TINY_QWEN2_VL: tiny_qwen2_vl, SMOLLM2_VISION: smollm2_vision}
 """The built-in vision-language models, by name: each builds (model, tokenizer, processor) in code."""
+
+
+def load_processor(name_or_path: str) -> Any:
+    """The processor of a vision-language model (a built-in name or a directory); None for a text-only model."""
+    if name_or_path in BUILTIN_VISION:
+        return BUILTIN_VISION[name_or_path](torch.float32)[2]
+    return _processor_of(name_or_path, True) if is_vision_dir(name_or_path, local_only=True) else None
