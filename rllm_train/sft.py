@@ -127,11 +127,20 @@ def _tokenizer(model: str) -> Any:
     return load_tokenizer(str(ckpt) if ckpt is not None else model)
 
 
+def _processor(model: str) -> Any:
+    from rllm_serve.run_model import resolve_checkpoint
+    from rllm_serve.vision_models import load_processor
+
+    ckpt = resolve_checkpoint(model)
+    return load_processor(str(ckpt) if ckpt is not None else model)
+
+
 def load_sft_rows(config: SftConfig) -> tuple[list[TrainRow], dict[str, float]]:
     """Every source's rows, and the counts of what was read, kept and skipped (summed over sources)."""
     rows: list[TrainRow] = []
     counts: dict[str, float] = {}
     tokenizer = functools.cache(lambda: _tokenizer(config.model))  # once, and only for data that needs rendering
+    processor = functools.cache(lambda: _processor(config.model))  # a vision-language model's, for calls with images
 
     for spec in config.data:
         source = Path(spec).expanduser()
@@ -140,7 +149,7 @@ def load_sft_rows(config: SftConfig) -> tuple[list[TrainRow], dict[str, float]]:
                                            max_seq_len=config.max_seq_len, overlong=config.overlong)
         else:
             got, seen = sft_rows_from_episodes(source, config.keep, max_seq_len=config.max_seq_len,
-                                               overlong=config.overlong, tokenizer=tokenizer)
+                                               overlong=config.overlong, tokenizer=tokenizer, processor=processor)
         rows += got
         for key, value in seen.items():
             counts[key] = counts.get(key, 0.0) + value

@@ -27,9 +27,12 @@ from typing import Any
 from pydantic import BaseModel, Field, ValidationError
 
 from rllm_core.errors import ConfigError
+from rllm_core.runs.media import MEDIA_SCHEME, inline_media, media_dir_for
 from rllm_core.types import Episode, Step, Trajectory
+from rllm_rollout.capture.images import message_images
 from rllm_serve.tool_prompt import ChatRenderer
 from rllm_train.packing import OverlongRule, TrainRow, pack_trajectory
+from rllm_train.sft_vision import vision_step
 
 __all__ = ["EpisodeFilter", "chat_trajectory", "eos_ids", "episode_files", "rendered_trajectory", "sft_rows_from_chat",
            "sft_rows_from_episodes"]
@@ -92,15 +95,20 @@ def episode_files(source: Path) -> list[Path]:
 
 
 def _json_lines(path: Path, counts: Counts) -> Iterator[tuple[int, dict[str, Any]]]:
+    """Each JSON object line; an episode's stored images (`rllm-media://`) inlined again from its run's media."""
     with open(path, encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
             try:
                 value = json.loads(line)
+                if MEDIA_SCHEME in line:
+                    value = inline_media(value, media_dir_for(path))
             except ValueError:
                 counts["lines_unreadable"] = counts.get("lines_unreadable", 0.0) + 1
                 continue
+            except OSError as exc:
+                raise ConfigError(f"{path}:{number} refers to a stored image that cannot be read ({exc})") from None
             if isinstance(value, dict):
                 yield number, value
             else:
@@ -116,8 +124,8 @@ def _sft_rows(trajectory: Trajectory, group: str, max_seq_len: int | None, overl
 
 
 def sft_rows_from_episodes(source: Path, keep: EpisodeFilter, *, max_seq_len: int | None = None,
-                           overlong: OverlongRule = "truncate", tokenizer: Callable[[], Any] | None = None
-                           ) -> tuple[list[TrainRow], Counts]:
+                           overlong: OverlongRule = "truncate", tokenizer: Callable[[], Any] | None = None,
+                           processor: Callable[[], Any] | None = None) -> tuple[list[TrainRow], Counts]:
     """Rows of the kept episodes' trajectories (module docstring) and counts of what was read, kept and skipped.
     Calls captured without token ids are rendered from their messages with `tokenizer()` (`rendered_trajectory`)."""
     predicate = keep.predicate()
@@ -138,7 +146,8 @@ def sft_rows_from_episodes(source: Path, keep: EpisodeFilter, *, max_seq_len: in
                 if keep.roles and trajectory.name not in keep.roles:
                     continue
                 if tokenizer is not None and any(not s.trainable and s.messages for s in trajectory.steps):
-                    trajectory = rendered_trajectory(trajectory, tokenizer(), eos_ids(tokenizer()))
+                    trajectory = rendered_trajectory(trajectory, tokenizer(), eos_ids(tokenizer()),
+                                                     processor() if processor is not None else None)
                 rows += _sft_rows(trajectory, episode.id, max_seq_len, overlong, counts)
     return rows, counts
 
@@ -180,7 +189,8 @@ def chat_trajectory(messages: list[dict[str, Any]], tokenizer: Any, *, tools: li
     return Trajectory(name=name, steps=[s for s in steps if s is not None])
 
 
-def rendered_trajectory(trajectory: Trajectory, tokenizer: Any, end_of_turn_ids: frozenset[int]) -> Trajectory:
+def rendered_trajectory(trajectory: Trajectory, tokenizer: Any, end_of_turn_ids: frozenset[int],
+                        processor: Any = None) -> Trajectory:
     """A captured trajectory without token ids (an upstream that returned none: a reference-solution oracle, an
     API model) as Steps rendered from each call's own messages and reply, exactly as the policy server would render
     that request; one Step per call, so consecutive calls merge into one row where the history only grows."""
@@ -192,6 +202,11 @@ def rendered_trajectory(trajectory: Trajectory, tokenizer: Any, end_of_turn_ids:
         reply: dict[str, Any] = {"role": "assistant", "content": step.text or ""}
         if step.tool_calls:
             reply["tool_calls"] = step.tool_calls
+        if processor is not None and message_images(step.messages):  # a vision-language model's call
+            made = vision_step(processor, step.messages, reply, end_of_turn_ids,
+                               f"call {k} of trajectory {trajectory.name!r}")
+            steps += [made] if made is not None else []
+            continue
         tools = step.params.get("tools") if isinstance(step.params.get("tools"), list) else None
         renderer = ChatRenderer(tokenizer, tools)
         full = renderer.messages([*step.messages, reply])

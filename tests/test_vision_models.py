@@ -316,3 +316,31 @@ def test_a_vision_model_directory_loads_back_with_its_processor(name: str, refer
     assert loaded.tokenizer.chat_template == reference.tokenizer.chat_template
     mine, theirs = loaded.model.state_dict(), reference.model.state_dict()
     assert mine.keys() == theirs.keys() and all(torch.equal(mine[k], theirs[k]) for k in mine)
+
+
+def test_reference_demos_of_an_image_benchmark_become_sft_rows_as_the_server_would_tokenize_them(
+        tmp_path: Path, server: Any, reference: Any, name: str) -> None:
+    """`rllm demos geometry-shapes` (the answer oracle: no token ids) → `rllm sft` rows rendered with the VLM's
+    processor from the stored images (read back from the run's media), the prompt ids the server expands."""
+    from typer.testing import CliRunner
+
+    from rllm.cli.app import build_app
+    from rllm_train.sft_data import EpisodeFilter, sft_rows_from_episodes
+
+    demos = tmp_path / "demos"
+    res = CliRunner().invoke(build_app(), ["demos", "geometry-shapes", "-n", "4", "-o", str(demos), "--no-progress"])
+    assert res.exit_code == 0, res.output
+    assert "base64" not in (demos / "episodes.jsonl").read_text()  # images stored once, referenced
+    rows, counts = sft_rows_from_episodes(demos, EpisodeFilter(min_reward=1.0), tokenizer=lambda: reference.tokenizer,
+                                          processor=lambda: reference.processor)
+    assert len(rows) == 4 and counts["episodes_kept"] == 4
+    for row in rows:
+        [image] = row.images
+        messages = [{"role": "user", "content": [{"type": "text", "text": "Which figure is drawn: a circle, a "
+                                                  "triangle, lines or a rectangle? Answer with one word."},
+                                                 {"type": "image_url", "image_url": {"url": image}}]}]
+        served = _chat(server, messages, temperature=0).json()["prompt_token_ids"]
+        cut = row.loss_mask.index(1)
+        assert row.tokens[:cut] == served
+        answer = reference.tokenizer.decode(row.tokens[cut:], skip_special_tokens=True)
+        assert answer.lower() in ("circle", "triangle", "lines", "rectangle")

@@ -21,7 +21,8 @@ __all__ = ["demos_command"]
 
 
 def demos_command(
-    benchmark: str = typer.Argument(..., help="A benchmark with an oracle: frozenlake*, terminal, harbor:PATH."),
+    benchmark: str = typer.Argument(
+        ..., help="A benchmark with an oracle: frozenlake*, terminal, harbor:PATH, geometry-*."),
     split: str = typer.Option("train", "--split", help="Split to demonstrate (never the held-out one)."),
     max_examples: int | None = typer.Option(None, "--max-examples", "-n", help="Only the first N tasks."),
     output: Path | None = typer.Option(None, "--output", "-o", help="Run directory to write (an eval run)."),

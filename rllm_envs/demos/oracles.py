@@ -11,6 +11,8 @@ produced, scored by the benchmark's own grader; `rllm sft --min-reward 1` then t
   in the conversation, run as one `bash` tool call (or a fenced block when the agent offers no tools: its text
   format), then a reply without a command, which ends the terminal agent's episode; the `explore` variant first
   runs `ls -la`, as an agent looking around would.
+- **Single-answer benchmarks that say so** (`reference_oracle = "answer"`: geometry-figures, geometry-shapes):
+  the benchmark's `reference_response` of the task whose user message (its text and images) the call holds.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from rllm_core.types import Task
 from rllm_envs.benchmarks.frozenlake import ACTIONS, FrozenLake, solve
 from rllm_serve.tool_prompt import content_text
 
-__all__ = ["Oracle", "frozenlake_oracle", "harbor_oracle", "oracle_for"]
+__all__ = ["Oracle", "answer_oracle", "frozenlake_oracle", "harbor_oracle", "oracle_for"]
 
 Oracle = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], dict[str, Any]]
 
@@ -100,8 +102,27 @@ def harbor_oracle(tasks: Sequence[Task], explore: bool = False) -> Oracle:
     return reply
 
 
+def _user_key(messages: Sequence[dict[str, Any]]) -> str:
+    """The last user message's content, as a key (text and image parts alike)."""
+    users = [m for m in messages if m.get("role") == "user"]
+    return json.dumps(users[-1].get("content") if users else None, sort_keys=True)
+
+
+def answer_oracle(benchmark: Any, tasks: Sequence[Task]) -> Oracle:
+    """The reference answer of the task the conversation asks (by its user message); a call about no known task
+    gets an empty reply (its episode fails the grader and `--min-reward 1` drops it)."""
+    answers = {_user_key(t.instruction if isinstance(t.instruction, list) else
+                         [{"role": "user", "content": t.instruction}]): benchmark.reference_response(t) for t in tasks}
+
+    def reply(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> dict[str, Any]:
+        return {"role": "assistant", "content": answers.get(_user_key(messages), "")}
+
+    return reply
+
+
 def oracle_for(benchmark: Any, tasks: Sequence[Task], variant: str = "direct") -> Oracle:
-    """The oracle of `benchmark` (FrozenLake, a Harbor task set), or a ConfigError naming what has one.
+    """The oracle of `benchmark` (FrozenLake, a Harbor task set, a single-answer benchmark that names it), or a
+    ConfigError naming what has one.
     `variant` "explore": Harbor demonstrations that look around first (more varied SFT data)."""
     from rllm_envs.harbor.benchmark import HarborBenchmark
 
@@ -109,6 +130,9 @@ def oracle_for(benchmark: Any, tasks: Sequence[Task], variant: str = "direct") -
         return frozenlake_oracle
     if isinstance(benchmark, HarborBenchmark):
         return harbor_oracle(tasks, explore=variant == "explore")
+    if getattr(benchmark, "reference_oracle", None) == "answer":
+        return answer_oracle(benchmark, tasks)
     raise ConfigError(f"benchmark {getattr(benchmark, 'name', benchmark)!r} has no reference oracle; demonstrations "
-                      "come from frozenlake* and Harbor task sets (terminal, harbor:PATH). For a benchmark with gold "
-                      "answers, eval a model and curate with `rllm sft RUN --min-reward 1`")
+                      "come from frozenlake*, Harbor task sets (terminal, harbor:PATH) and geometry-figures / "
+                      "geometry-shapes. For another benchmark with gold answers, eval a model and curate with "
+                      "`rllm sft RUN --min-reward 1`")
