@@ -20,6 +20,7 @@ Presets for the agents and workflows of issue 15 (same script, their own flags a
     python benchmarks/learning_curve.py --preset solver-judge           # solver-judge on arithmetic, per role
     python benchmarks/learning_curve.py --preset search-hotpotqa        # issue 32: a search agent, reward F1
     python benchmarks/learning_curve.py --preset warmstart-frozenlake   # issue 33: demos → SFT → RL from 0
+    python benchmarks/learning_curve.py --preset vision-shapes   # issue 35: a VLM learns from images, offline
 
 A warm-start preset (`--demos N`) first measures the base model (`rllm train --max-steps 0`: the same validation
 settings), records N reference demonstrations on the train split (`rllm demos`), fine-tunes on those that passed
@@ -91,6 +92,13 @@ PRESETS: dict[str, dict[str, Any]] = {
                            "micro_batch_size": 4, "bf16": False, "minutes": 25, "demos": 22, "task_variants": 4,
                            "demo_variants": "direct,explore", "sft_epochs": 2, "sft_lr": 2e-5, "sft_batch_size": 4,
                            "out": "benchmarks/results/learning_curve_warmstart_terminal"},
+    # issue 35: images in, offline. The embedded SmolLM2 with a seeded random (frozen) vision tower names the figure
+    # drawn; chance is 0.25, so what it gains is read from the pixels: reference demos (the answer oracle) → SFT
+    # through the processor and vision tower → GRPO
+    "vision-shapes": {"benchmark": "geometry-shapes", "model": "smollm2-135m-vision", "max_tokens": 8, "lr": 1e-5,
+                      "eval_every": 5, "eval_examples": 100, "eval_attempts": 1, "micro_batch_size": 8,
+                      "bf16": False, "minutes": 4, "demos": 200, "sft_epochs": 1, "sft_lr": 5e-5,
+                      "out": "benchmarks/results/learning_curve_vision_shapes"},
     "solver-judge": {"benchmark": "arithmetic", "workflow": "solver-judge", "max_tokens": 12, "lr": 5e-6,
                      "eval_every": 10, "eval_examples": 32, "eval_attempts": 2, "micro_batch_size": 16,
                      "bf16": False, "out": "benchmarks/results/learning_curve_solver_judge"},
