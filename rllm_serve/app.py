@@ -343,20 +343,25 @@ async def _errors(request: web.Request, handler: Any) -> web.StreamResponse:
 
 MEDIA_PARTS = ("image_url", "input_image", "image", "input_audio", "audio", "video_url", "file")
 """Content parts that are not text: a model without a processor for them must refuse them, never drop them."""
+IMAGE_PARTS = ("image_url", "input_image", "image")
+"""The parts a vision-language model reads."""
 
 
 def refuse_media(messages: list[dict[str, Any]], model_name: str, processor: Any = None) -> None:
-    """A 400 naming the first non-text part, when the served model reads text only (dropping the image and
-    answering anyway would record a sample of another question)."""
-    if processor is not None:
-        return
+    """A 400 naming the first part the served model cannot read: any non-text part for a text-only model, any
+    but images for a vision-language one (dropping it and answering anyway would record a sample of another
+    question)."""
     for i, message in enumerate(messages):
         content = message.get("content")
         for part in content if isinstance(content, list) else ():
             kind = part.get("type") if isinstance(part, dict) else None
-            if kind in MEDIA_PARTS:
+            if kind not in MEDIA_PARTS or (processor is not None and kind in IMAGE_PARTS):
+                continue
+            if processor is None:
                 raise RequestError(f"model {model_name!r} reads text only, and message {i} has an {kind!r} part; "
                                    "serve a vision-language model for images", param="messages")
+            raise RequestError(f"model {model_name!r} reads text and images, and message {i} has an {kind!r} part",
+                               param="messages")
 
 
 def engine_adapters(engine: Any) -> tuple[str, ...]:

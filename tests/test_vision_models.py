@@ -145,6 +145,9 @@ def test_bad_images_are_one_line_400s_and_the_server_keeps_serving(server: Any, 
         _png_of_size(300, 200): "300×200 pixels",
         "ftp://example.org/x.png": "neither a data: URL nor http",
     }
+    audio = {"type": "input_audio", "input_audio": {"data": "AAAA", "format": "wav"}}
+    reply = _chat(server, [{"role": "user", "content": [CIRCLE, audio]}])
+    assert reply.status_code == 400 and "'input_audio' part" in reply.text  # never dropped silently
     for url, why in bad.items():
         reply = _chat(server, [{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}])
         assert reply.status_code == 400, reply.text
