@@ -31,10 +31,17 @@ import torch
 from rllm_core.errors import ConfigError
 from rllm_core.home import rllm_home
 from rllm_serve.run_model import checkpoint_info, resolve_checkpoint
-from rllm_serve.vision_models import BUILTIN_VISION, TINY_VLM, is_vision_dir, load_vision_model, tiny_vlm_tokenizer
+from rllm_serve.vision_models import (
+    BUILTIN_VISION,
+    TINY_VLM,
+    is_vision_dir,
+    load_vision_model,
+    processor_of,
+    tiny_vlm_tokenizer,
+)
 
 __all__ = ["BASE_ADAPTER", "BUILTIN_MODELS", "EMBEDDED_GGUF", "LoadedModel", "load_checkpoint_model", "load_model",
-           "load_tokenizer", "lora_adapters", "model_dir", "rllm_home"]
+           "load_processor", "load_tokenizer", "lora_adapters", "model_dir", "rllm_home"]
 
 log = logging.getLogger("rllm.serving.models")
 
@@ -242,9 +249,9 @@ def load_tokenizer(name_or_path: str = "smollm2-135m") -> Any:
     from transformers import AutoTokenizer
 
     if name_or_path == TINY_VLM:
-        return tiny_vlm_tokenizer()
+        return tiny_vlm_tokenizer(load_model)
     if name_or_path in BUILTIN_VISION:
-        return BUILTIN_VISION[name_or_path](torch.float32)[1]
+        return BUILTIN_VISION[name_or_path](torch.float32, load_model)[1]
     if name_or_path in BUILTIN_MODELS:
         return _no_cleanup(AutoTokenizer.from_pretrained(_tokenizer_cache(name_or_path)))
     return _no_cleanup(AutoTokenizer.from_pretrained(name_or_path))
@@ -312,7 +319,7 @@ def model_dir(name_or_path: str) -> str:
     if name_or_path == "tiny-random":
         return str(_tiny_random_cache())
     if name_or_path in BUILTIN_VISION:
-        model, _, processor = BUILTIN_VISION[name_or_path](torch.float32)
+        model, _, processor = BUILTIN_VISION[name_or_path](torch.float32, load_model)
 
         def write(tmp: Path) -> None:
             model.save_pretrained(tmp, safe_serialization=True)
@@ -364,7 +371,7 @@ def load_model(name_or_path: str = "smollm2-135m", dtype: torch.dtype = torch.fl
     if name_or_path == "tiny-random":
         model, tok = _tiny_random(dtype)
     elif name_or_path in BUILTIN_VISION:
-        model, tok, processor = BUILTIN_VISION[name_or_path](dtype)
+        model, tok, processor = BUILTIN_VISION[name_or_path](dtype, load_model)
     else:
         path = str(_smollm2_cache()) if name_or_path == "smollm2-135m" else os.path.expanduser(name_or_path)
         if path.startswith(("/", ".")) and not Path(path).is_dir():
@@ -397,6 +404,13 @@ def load_model(name_or_path: str = "smollm2-135m", dtype: torch.dtype = torch.fl
                           "cuda:N on a machine whose torch build sees that GPU") from None
     model.eval()
     return LoadedModel(model=model, tokenizer=tok, name=name_or_path, processor=processor)
+
+
+def load_processor(name_or_path: str) -> Any:
+    """The processor of a vision-language model (a built-in name or a directory); None for a text-only model."""
+    if name_or_path in BUILTIN_VISION:
+        return BUILTIN_VISION[name_or_path](torch.float32, load_model)[2]
+    return processor_of(name_or_path, True) if is_vision_dir(name_or_path, local_only=True) else None
 
 
 # ------------------------------------------------------------------ runs of `rllm train` as models

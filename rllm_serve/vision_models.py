@@ -19,12 +19,22 @@ downloaded: the processor is transformers' PIL image processor (no torchvision),
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
 
-__all__ = ["TINY_QWEN2_VL", "TINY_VLM", "VISION_CHAT_TEMPLATE", "is_vision_dir", "load_vision_model", "tiny_qwen2_vl",
-           "tiny_vlm", "tiny_vlm_tokenizer"]
+__all__ = [
+    "TINY_QWEN2_VL",
+    "TINY_VLM",
+    "VISION_CHAT_TEMPLATE",
+    "is_vision_dir",
+    "load_vision_model",
+    "processor_of",
+    "tiny_qwen2_vl",
+    "tiny_vlm",
+    "tiny_vlm_tokenizer",
+]
 
 TINY_VLM = "tiny-vlm"
 TINY_QWEN2_VL = "tiny-qwen2-vl"
@@ -51,22 +61,24 @@ _IMAGE_TOKENS = ["<fake_token_around_image>", "<image>", "<end_of_utterance>", "
                  *(f"<row_{r}_col_{c}>" for r in range(1, 7) for c in range(1, 7))]
 
 
-def tiny_vlm_tokenizer() -> Any:
-    """SmolLM2's tokenizer with SmolVLM's image tokens and the image-aware chat template."""
-    from rllm_serve.models import load_tokenizer
+Base = Callable[[str], Any]
+"""`models.load_model`, handed in by the caller (this module never imports models.py: it is imported by it)."""
 
-    tok = load_tokenizer("tiny-random")
+
+def tiny_vlm_tokenizer(base: Base) -> Any:
+    """SmolLM2's tokenizer with SmolVLM's image tokens and the image-aware chat template."""
+    tok = base("tiny-random").tokenizer
     tok.add_special_tokens({"additional_special_tokens": _IMAGE_TOKENS})
     tok.chat_template = VISION_CHAT_TEMPLATE
     return tok
 
 
-def tiny_vlm(dtype: torch.dtype = torch.float32) -> tuple[Any, Any, Any]:
+def tiny_vlm(dtype: torch.dtype, base: Base) -> tuple[Any, Any, Any]:
     """(model, tokenizer, processor) of the seeded random SmolVLM (module docstring)."""
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
     from transformers.models.idefics3 import Idefics3ImageProcessorPil
 
-    tok = tiny_vlm_tokenizer()
+    tok = tiny_vlm_tokenizer(base)
     images = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": IMAGE_SIZE},
                                        max_image_size={"longest_edge": IMAGE_SIZE})
     processor = Idefics3Processor(image_processor=images, tokenizer=tok, image_seq_len=4,
@@ -110,16 +122,14 @@ def images_only_qwen_processor() -> type:
 QWEN_CHAT_TEMPLATE = VISION_CHAT_TEMPLATE.replace("'<image>'", "'<|vision_start|><|image_pad|><|vision_end|>'")
 
 
-def tiny_qwen2_vl(dtype: torch.dtype = torch.float32) -> tuple[Any, Any, Any]:
+def tiny_qwen2_vl(dtype: torch.dtype, base: Base) -> tuple[Any, Any, Any]:
     """(model, tokenizer, processor) of a seeded random Qwen2-VL: tiny-random's text shape with 3-D rotary
     sections, a one-layer vision tower over 14-pixel patches merged 2×2, SmolLM2's tokenizer + Qwen's vision
     tokens; images are resized to at most 56×56 (4-16 image tokens)."""
     from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
     from transformers.models.qwen2_vl import Qwen2VLImageProcessorPil
 
-    from rllm_serve.models import load_tokenizer
-
-    tok = load_tokenizer("tiny-random")
+    tok = base("tiny-random").tokenizer
     tok.add_special_tokens({"additional_special_tokens": ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>",
                                                          "<|video_pad|>"]})
     tok.chat_template = QWEN_CHAT_TEMPLATE
@@ -159,12 +169,12 @@ def load_vision_model(path: str, dtype: torch.dtype, local_only: bool) -> tuple[
     """(model, tokenizer, processor) of a vision-language model directory or id."""
     from transformers import AutoModelForImageTextToText
 
-    processor = _processor_of(path, local_only)
+    processor = processor_of(path, local_only)
     model = AutoModelForImageTextToText.from_pretrained(path, dtype=dtype, local_files_only=local_only)
     return model, processor.tokenizer, processor
 
 
-def _processor_of(path: str, local_only: bool) -> Any:
+def processor_of(path: str, local_only: bool) -> Any:
     """A model directory's (or id's) processor: `AutoProcessor`, or the images-only one for Qwen2-VL."""
     from transformers import AutoConfig, AutoImageProcessor, AutoProcessor, AutoTokenizer
 
@@ -176,7 +186,7 @@ def _processor_of(path: str, local_only: bool) -> Any:
                                         chat_template=getattr(tok, "chat_template", None))
 
 
-def smollm2_vision(dtype: torch.dtype = torch.float32) -> tuple[Any, Any, Any]:
+def smollm2_vision(dtype: torch.dtype, base: Base) -> tuple[Any, Any, Any]:
     """The embedded SmolLM2-135M-Instruct as the text model of a SmolVLM (Idefics3) whose vision tower and
     connector are seeded random: a warm language model with a cold eye. Nothing is downloaded, so it is how the
     offline path shows RL learning to use images (geometry-shapes); its vision tower trains with
@@ -184,13 +194,11 @@ def smollm2_vision(dtype: torch.dtype = torch.float32) -> tuple[Any, Any, Any]:
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3Processor
     from transformers.models.idefics3 import Idefics3ImageProcessorPil
 
-    from rllm_serve.models import load_model
-
-    base = load_model("smollm2-135m", dtype=torch.float32)
-    tok = base.tokenizer
+    smollm2 = base("smollm2-135m")
+    tok = smollm2.tokenizer
     tok.add_special_tokens({"additional_special_tokens": _IMAGE_TOKENS})
     tok.chat_template = VISION_CHAT_TEMPLATE
-    base.model.resize_token_embeddings(len(tok), mean_resizing=True)
+    smollm2.model.resize_token_embeddings(len(tok), mean_resizing=True)
     size = 128
     images = Idefics3ImageProcessorPil(do_image_splitting=False, size={"longest_edge": size},
                                        max_image_size={"longest_edge": size})
@@ -198,26 +206,19 @@ def smollm2_vision(dtype: torch.dtype = torch.float32) -> tuple[Any, Any, Any]:
                                   chat_template=VISION_CHAT_TEMPLATE)
     vision = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
                   image_size=size, patch_size=16)
-    config = Idefics3Config(vision_config=vision, text_config=base.model.config.to_dict(), scale_factor=2,
+    config = Idefics3Config(vision_config=vision, text_config=smollm2.model.config.to_dict(), scale_factor=2,
                             tie_word_embeddings=True, image_token_id=tok.convert_tokens_to_ids("<image>"),
                             pad_token_id=tok.pad_token_id)
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(_SEED)
         model = Idefics3ForConditionalGeneration(config)
-    model.model.text_model.load_state_dict(base.model.model.state_dict())
+    model.model.text_model.load_state_dict(smollm2.model.model.state_dict())
     model.lm_head.weight = model.model.text_model.embed_tokens.weight
     model.config.name_or_path = SMOLLM2_VISION
-    model.generation_config = base.model.generation_config
+    model.generation_config = smollm2.model.generation_config
     return model.to(dtype).eval(), tok, processor
 
 
 SMOLLM2_VISION = "smollm2-135m-vision"
 BUILTIN_VISION = {TINY_VLM: tiny_vlm, TINY_QWEN2_VL: tiny_qwen2_vl, SMOLLM2_VISION: smollm2_vision}
 """The built-in vision-language models, by name: each builds (model, tokenizer, processor) in code."""
-
-
-def load_processor(name_or_path: str) -> Any:
-    """The processor of a vision-language model (a built-in name or a directory); None for a text-only model."""
-    if name_or_path in BUILTIN_VISION:
-        return BUILTIN_VISION[name_or_path](torch.float32)[2]
-    return _processor_of(name_or_path, True) if is_vision_dir(name_or_path, local_only=True) else None

@@ -128,8 +128,8 @@ def _tokenizer(model: str) -> Any:
 
 
 def _processor(model: str) -> Any:
+    from rllm_serve.models import load_processor
     from rllm_serve.run_model import resolve_checkpoint
-    from rllm_serve.vision_models import load_processor
 
     ckpt = resolve_checkpoint(model)
     return load_processor(str(ckpt) if ckpt is not None else model)

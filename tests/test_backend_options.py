@@ -21,7 +21,7 @@ def test_a_misspelt_option_is_refused_by_name_before_the_backend_loads() -> None
     config = TrainConfig(model="tiny-random", backend_options={"micro_batch_token": 512})
     with pytest.raises(ConfigError, match=r"backend_options.micro_batch_token is not an option of the 'local' "
                                           r"backend \(its options: micro_batch_tokens, server_dtype, server_threads, "
-                                          r"trainer_threads, policy_server\)"):
+                                          r"trainer_threads, policy_server, train_vision\)"):
         create_backend("local", config)
 
 

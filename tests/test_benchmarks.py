@@ -39,6 +39,8 @@ def _wrong(bench: Benchmark, task: Task) -> str:
         return "UP"  # from the start (top-left) UP is a wall: never reaches the goal
     if bench.reward == "reasoning_gym":
         return "<answer>zzz not it</answer>"
+    if bench.name == "geometry-shapes":  # a word answer: another shape's name
+        return "A triangle." if task.ground_truth != "triangle" else "A circle."
     return "The answer is \\boxed{-987654.321}."
 
 

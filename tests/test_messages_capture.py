@@ -146,10 +146,10 @@ def test_a_hosted_messages_upstream_without_ids_gives_an_untrainable_step_never_
 
 
 def test_what_has_no_chat_form_is_refused_in_the_anthropic_shape(fake_upstream: FakeUpstream) -> None:
-    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}
+    document = {"type": "document", "source": {"type": "base64", "media_type": "application/pdf", "data": "JVBERi0="}}
     with start_gateway([UpstreamConfig(url=fake_upstream.base_url)]) as gw, \
-            pytest.raises(anthropic.BadRequestError, match="image"):
-        sdk(root(gw, "x")).messages.create(**{**ASK, "messages": [{"role": "user", "content": [image]}]})
+            pytest.raises(anthropic.BadRequestError, match="document"):
+        sdk(root(gw, "x")).messages.create(**{**ASK, "messages": [{"role": "user", "content": [document]}]})
     assert fake_upstream.requests == []  # nothing reached the upstream
 
 

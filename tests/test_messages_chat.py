@@ -62,9 +62,14 @@ def test_streaming_and_forced_tools_carry_over() -> None:
 
 
 def test_what_has_no_chat_form_is_refused_by_name() -> None:
-    image = {"role": "user", "content": [{"type": "image", "source": {"type": "base64", "data": "..."}}]}
-    with pytest.raises(CaptureError, match=r"messages\[0\]: a 'image' block has no Chat Completions form"):
-        messages_to_chat({"model": "m", "max_tokens": 8, "messages": [image]})
+    document = {"role": "user", "content": [{"type": "document", "source": {"type": "base64", "data": "..."}}]}
+    with pytest.raises(CaptureError, match=r"messages\[0\]: a 'document' block has no Chat Completions form"):
+        messages_to_chat({"model": "m", "max_tokens": 8, "messages": [document]})
+    image = {"role": "user", "content": [{"type": "text", "text": "what?"}, {"type": "image", "source": {
+        "type": "base64", "media_type": "image/png", "data": "iVBORw0KGgo="}}]}  # images have one: image_url
+    assert messages_to_chat({"model": "m", "max_tokens": 8, "messages": [image]})["messages"][0]["content"] == [
+        {"type": "text", "text": "what?"},
+        {"type": "image_url", "image_url": {"url": "data:image/png;base64,iVBORw0KGgo="}}]
     with pytest.raises(CaptureError, match=r"server tools \['web_search'\]"):
         messages_to_chat({"model": "m", "max_tokens": 8, "messages": [], "tools": [
             {"type": "web_search_20250305", "name": "web_search"}]})
