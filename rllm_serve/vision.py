@@ -156,8 +156,8 @@ class VisionInputs:
 
 
 def _vision_part(model: Any) -> Any:
-    inner = model.get_base_model() if hasattr(model, "get_base_model") else model
-    return inner
+    """The transformers model under a peft wrapper (the model itself when there is none)."""
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 @torch.no_grad()

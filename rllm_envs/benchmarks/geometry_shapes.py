@@ -16,7 +16,6 @@ import re
 from rllm_core.rewards import RewardResult
 from rllm_core.types import Task
 from rllm_envs.benchmarks import geometry_figures as figures
-from rllm_rollout.benchmarks.base import Benchmark
 
 __all__ = ["SHAPES", "GeometryShapes"]
 
@@ -26,20 +25,15 @@ QUESTION = "Which figure is drawn: a circle, a triangle, lines or a rectangle? A
 _WORDS = re.compile(r"\b(circle|triangle|lines?|rectangle)s?\b", re.IGNORECASE)
 
 
-class GeometryShapes(Benchmark):
+class GeometryShapes(figures.GeometryFigures):
+    """geometry-figures' splits, sizes and answer oracle; its own question, grader and reference answer."""
+
     name = "geometry-shapes"
-    category = "vision"
     reward = "first_named_shape"
-    splits = ("train", "test")
-    reference_oracle = "answer"
-    """`rllm demos` answers each task with `reference_response` (demos/oracles.py)."""
     source = "built-in generator (geometry-figures' figures, drawn with PIL)"
     description = "name the figure drawn (circle, triangle, lines, rectangle): chance is 0.25"
     train_defaults = {"max_tokens": 8}
     eval_defaults = {"max_tokens": 8}
-
-    def rows(self, split: str = "test") -> int | None:
-        return figures.ROWS.get(split)
 
     def load(self, split: str = "test", data_dir: str | None = None, max_examples: int | None = None,
              seed: int = 0) -> list[Task]:
